@@ -1,0 +1,3 @@
+"""graphfed: graph-relational personalised federated learning."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,168 @@
+"""Command line: ``graphfed run | compare | list``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+from graphfed.config import ConfigError, RunConfig, load_config, validate_config
+from graphfed.sim.checkpoint import CheckpointError, RoundLog, atomic_write_text
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="graphfed: graph-relational personalised federated learning.")
+console = Console()
+EXIT_CONFIG = 2  # invalid config, unknown method/dataset/model, bad --set
+EXIT_RUN = 3  # the run stopped (non-finite update, unusable checkpoint)
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s",
+                        handlers=[RichHandler(console=Console(stderr=True), show_path=False)], force=True)
+
+
+def _fail(message: str, code: int) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _load(config: Path | None, overrides: list[str] | None) -> RunConfig:
+    try:
+        return load_config(config, overrides or [])
+    except ConfigError as err:
+        _fail(str(err), EXIT_CONFIG)
+        raise  # unreachable; keeps type checkers happy
+
+
+def _run_one(cfg: RunConfig, out: Path | None, resume: bool, progress: bool = True) -> dict[str, Any]:
+    from graphfed.sim.engine import run_config
+
+    try:
+        summary = run_config(cfg, out, resume=resume, progress=progress)
+    except ConfigError as err:
+        _fail(str(err), EXIT_CONFIG)
+    except (FileNotFoundError, CheckpointError, ValueError) as err:
+        _fail(str(err), EXIT_RUN)
+    if summary["status"] != "completed":
+        _fail(f"{summary['status']} (summary in {out})", EXIT_RUN)
+    return summary
+
+
+SetOption = Annotated[list[str] | None, typer.Option("--set", help="override a field: KEY=VALUE, e.g. "
+                                                      "train.rounds=100 (repeatable)")]
+
+
+@app.command()
+def run(config: Annotated[Path, typer.Argument(help="YAML run config")],
+        overrides: SetOption = None,
+        out: Annotated[Path | None, typer.Option(help="output directory (default runs/<method>_<dataset>)")] = None,
+        resume: Annotated[bool, typer.Option(help="continue from OUT/checkpoint.pt")] = False,
+        progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
+        verbose: bool = False) -> None:
+    """Run one method on one dataset; writes config.yaml, rounds.jsonl, summary.json, plots/."""
+    _setup_logging(verbose)
+    cfg = _load(config, overrides)
+    out = out or Path("runs") / f"{cfg.method.name}_{cfg.dataset.name}_seed{cfg.seed}"
+    summary = _run_one(cfg, out, resume, progress)
+    _print_summary(summary)
+    console.print(f"results in [bold]{out}[/bold]")
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    from graphfed.report.tables import format_value
+
+    metric = summary["metric"]
+    table = Table(title=f"{summary['method']} on {summary['dataset']} (best validation round "
+                        f"{summary['best_round']} of {summary['rounds']})")
+    for header in ("test mean ± std over clients", "pooled", "novel", "novel (adapted)", "wall s"):
+        table.add_column(header)
+    pooled = summary["test_pooled"]
+    table.add_row(format_value((summary["test_mean"], summary["test_std"]), metric),
+                  format_value((pooled, 0.0), metric).split(" ±")[0],
+                  format_value(None if summary["novel_mean"] is None
+                               else (summary["novel_mean"], summary["novel_std"]), metric),
+                  format_value(None if summary["novel_adapted_mean"] is None
+                               else (summary["novel_adapted_mean"], summary["novel_adapted_std"]), metric),
+                  f"{summary['wall_seconds']:.1f}")
+    console.print(table)
+
+
+@app.command()
+def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its method is replaced)")],
+            methods: Annotated[str, typer.Option(help="comma-separated method names")],
+            seeds: Annotated[int, typer.Option(min=1, help="seeds per method: seed, seed+1, ...")] = 1,
+            overrides: SetOption = None,
+            out: Annotated[Path, typer.Option(help="output directory")] = Path("runs/compare"),
+            progress: bool = True, verbose: bool = False) -> None:
+    """Run several methods over several seeds; print one table of mean ± std over seeds."""
+    from graphfed.report.plots import plot_comparison
+    from graphfed.report.tables import HEADERS, compare_rows, markdown_table, row_cells
+
+    _setup_logging(verbose)
+    base = _load(config, overrides)
+    names = [m.strip() for m in methods.split(",") if m.strip()]
+    configs: dict[str, list[RunConfig]] = {}
+    for name in names:
+        data = base.model_dump(mode="json")
+        data["method"] = {"name": name, "options": base.method.options if name == base.method.name else {}}
+        configs[name] = []
+        for k in range(seeds):
+            data["seed"] = base.seed + k
+            try:
+                configs[name].append(validate_config(data))
+            except ConfigError as err:
+                _fail(str(err), EXIT_CONFIG)
+    summaries: dict[str, list[dict[str, Any]]] = {}
+    for name, runs in configs.items():
+        summaries[name] = [_run_one(cfg, out / name / f"seed{cfg.seed}", False, progress) for cfg in runs]
+    rows = compare_rows(summaries)
+    metric = rows[0]["metric"]
+    table = Table(title=f"{base.dataset.name}: personalised {metric}, {seeds} seed(s)")
+    for header in HEADERS:
+        table.add_column(header)
+    for row in rows:
+        table.add_row(*row_cells(row))
+    console.print(table)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "compare.md", markdown_table(rows))
+    atomic_write_text(out / "compare.json", json.dumps(summaries, indent=2) + "\n")
+    histories = {name: RoundLog(out / name / f"seed{base.seed}").read() for name in names}
+    plot_comparison(histories, out / "compare.png", metric, title=base.dataset.name)
+    console.print(f"table: {out / 'compare.md'}, curves: {out / 'compare.png'}")
+
+
+@app.command("list")
+def list_components() -> None:
+    """Methods, datasets and models graphfed knows."""
+    from graphfed.data import DATASETS
+    from graphfed.methods import METHODS
+    from graphfed.models import MODELS
+
+    for title, rows in (
+        ("methods", [(name, cls.summary) for name, cls in sorted(METHODS.items())]),
+        ("datasets", [(name, f"{info.task}: {info.description}") for name, info in sorted(DATASETS.items())]),
+        ("models", [(name, text) for name, (_, text) in sorted(MODELS.items())]),
+    ):
+        table = Table(title=title, show_header=False)
+        for name, text in rows:
+            table.add_row(name, text)
+        console.print(table)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        typer.echo("interrupted; the last checkpoint is kept, continue with --resume", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Typed run configuration, validated once at the edge (YAML file + ``--set`` overrides)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A config that cannot run. The message is one line naming the field and what is allowed."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DatasetConfig(_Strict):
+    name: str = "fl60"
+    num_clients: int | None = Field(default=None, ge=2, description="for generated/partitioned datasets")
+    partition: Literal["iid", "pathological", "dirichlet"] = "dirichlet"
+    dirichlet_beta: float = Field(default=0.5, gt=0)
+    classes_per_client: int = Field(default=2, ge=1)
+    min_samples_per_client: int = Field(default=10, ge=1)
+    split: tuple[float, float, float] = (0.7, 0.1, 0.2)
+    split_mode: Literal["random", "chronological"] = "random"
+    novel_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
+    data_dir: str | None = Field(default=None, description="default: $GRAPHFED_DATA, then ../shared/data")
+
+    @field_validator("split")
+    @classmethod
+    def _split_sums_to_one(cls, split: tuple[float, float, float]) -> tuple[float, float, float]:
+        if any(part < 0 for part in split) or abs(sum(split) - 1.0) > 1e-6 or split[0] <= 0 or split[2] <= 0:
+            raise ValueError("train/val/test fractions must be non-negative, train and test > 0, summing to 1")
+        return split
+
+    def resolved_data_dir(self) -> Path:
+        if self.data_dir:
+            return Path(self.data_dir).expanduser()
+        if os.environ.get("GRAPHFED_DATA"):
+            return Path(os.environ["GRAPHFED_DATA"]).expanduser()
+        return Path("../shared/data")
+
+
+class ModelConfig(_Strict):
+    name: str = "mlp"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class MethodConfig(_Strict):
+    name: str = "panacea"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class TrainConfig(_Strict):
+    rounds: int = Field(default=200, ge=1)
+    clients_per_round: int = Field(default=5, ge=1, description="S, clients sampled per round")
+    local_steps: int = Field(default=50, ge=1, description="K_c, client SGD steps per round")
+    batch_size: int = Field(default=64, ge=1)
+    lr: float = Field(default=0.05, gt=0, description="client SGD learning rate")
+    eval_every: int = Field(default=10, ge=1)
+    checkpoint_every: int = Field(default=50, ge=1)
+    novel_adapt_rounds: int = Field(default=20, ge=0, description="embedding-only adaptation rounds")
+
+
+class RunConfig(_Strict):
+    seed: int = 0
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    method: MethodConfig = Field(default_factory=MethodConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    torch_threads: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _names_exist(self) -> RunConfig:
+        # Imported here: the registries import this module.
+        from graphfed.data import DATASETS
+        from graphfed.methods import parse_options
+        from graphfed.models import MODELS
+
+        if self.dataset.name not in DATASETS:
+            raise ValueError(f"dataset.name: unknown dataset '{self.dataset.name}'; allowed: {', '.join(sorted(DATASETS))}")
+        if self.model.name not in MODELS:
+            raise ValueError(f"model.name: unknown model '{self.model.name}'; allowed: {', '.join(sorted(MODELS))}")
+        parse_options(self.method.name, self.method.options)
+        return self
+
+
+def _first_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    field = ".".join(str(part) for part in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        parent = first["loc"][:-1]
+        model: type[BaseModel] = RunConfig
+        for part in parent:
+            annotation = model.model_fields[str(part)].annotation
+            model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else model
+        message = f"unknown field; allowed: {', '.join(model.model_fields)}"
+    if first["type"] == "literal_error":
+        message = f"{message} (got {first['input']!r})"
+    return f"{field}: {message}" if field else message
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b=v`` -> (["a", "b"], v) with ``v`` parsed as YAML (numbers, booleans, lists)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. train.rounds=100")
+    key, raw = text.split("=", 1)
+    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Read a YAML config (or start from defaults), apply ``--set`` overrides, validate once."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of fields")
+        data = loaded or {}
+    for text in overrides or []:
+        keys, value = parse_override(text)
+        node = data
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {text!r}: '{key}' is not a section")
+        node[keys[-1]] = value
+    return validate_config(data)
+
+
+def validate_config(data: dict[str, Any]) -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_first_error(err)) from None
+
+
+def dump_config(config: RunConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,1 @@
+"""Engine-agnostic building blocks: parameter views, the hypergradient, seeded random streams."""

@@ -1,0 +1,125 @@
+"""Datasets as federations: a registry of named datasets and ``build_federation(cfg, seed)``.
+
+All randomness of a build comes from ``np.random.default_rng(seed)``, split into independent child streams
+(data generation, partition, per-client split, novel-client choice). Each stage owns its stream, so e.g.
+changing the split fractions does not change which clients are novel, and one seed gives identical tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from graphfed.config import ConfigError, DatasetConfig
+from graphfed.data.federation import ClientSplit, Federation, Task
+from graphfed.data.graphs import choose_novel_clients, edges_to_adjacency
+from graphfed.data.partition import split_client_indices
+
+__all__ = ["DATASETS", "ClientSplit", "DatasetInfo", "Federation", "build_federation"]
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """Registry entry: what a dataset name means."""
+
+    name: str
+    description: str
+    task: Task
+
+
+DATASETS: dict[str, DatasetInfo] = {
+    info.name: info
+    for info in (
+        DatasetInfo("digits", "scikit-learn 8x8 digits, 10 classes, partitioned over clients (no graph)",
+                    "classification"),
+        DatasetInfo("fl60", "FL-N synthetic rotating two-class toy with 60 clients and a cosine-angle graph",
+                    "classification"),
+        DatasetInfo("fln", "FL-N synthetic toy with dataset.num_clients clients (default 60)",
+                    "classification"),
+        DatasetInfo("tpt48", "TPT-48 monthly temperatures of 48 US states, 6-month-ahead regression, "
+                    "state-border graph", "regression"),
+    )
+}
+
+FL60_CLIENTS = 60
+TPT48_CLIENTS = 48
+
+
+def _split_clients(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], cfg: DatasetConfig, task: Task,
+                   rng: np.random.Generator) -> tuple[ClientSplit, ClientSplit, ClientSplit]:
+    """Split every client's rows by ``cfg.split`` / ``cfg.split_mode`` and pad onto the client axis."""
+    # per_split[k] collects (features, targets) of every client for split k (train, val, test).
+    per_split: list[tuple[list[np.ndarray], list[np.ndarray]]] = [([], []) for _ in range(3)]
+    for x, y in zip(xs, ys, strict=True):
+        for (split_xs, split_ys), idx in zip(
+                per_split, split_client_indices(len(x), cfg.split, rng, cfg.split_mode), strict=True):
+            split_xs.append(x[idx])
+            split_ys.append(y[idx])
+    train, val, test = (ClientSplit.from_lists(sx, sy, task) for sx, sy in per_split)
+    return train, val, test
+
+
+def _fixed_client_count(cfg: DatasetConfig, count: int) -> None:
+    # A fixed-size dataset silently ignoring num_clients would make a sweep over it meaningless.
+    if cfg.num_clients is not None and cfg.num_clients != count:
+        hint = "; use dataset.name=fln to choose the client count" if cfg.name == "fl60" else ""
+        raise ConfigError(f"dataset.num_clients: {cfg.name} has exactly {count} clients, "
+                          f"got {cfg.num_clients}{hint}")
+
+
+def build_federation(cfg: DatasetConfig, seed: int) -> Federation:
+    """Build the federation named by ``cfg.name``; the same (cfg, seed) gives identical tensors."""
+    if cfg.name not in DATASETS:
+        allowed = ", ".join(sorted(DATASETS))
+        raise ConfigError(f"dataset.name: unknown dataset {cfg.name!r}; allowed: {allowed}")
+    info = DATASETS[cfg.name]
+    gen_rng, part_rng, split_rng, novel_rng = np.random.default_rng(seed).spawn(4)
+
+    graph: torch.Tensor | None = None
+    names: list[str] = []
+    input_shape: tuple[int, ...]
+    output_dim: int
+    metric: Literal["accuracy", "mse"]
+    xs: Sequence[np.ndarray]
+    ys: Sequence[np.ndarray]
+    if cfg.name in ("fl60", "fln"):
+        from graphfed.data.datasets.fl_n import make_fl_n
+
+        if cfg.name == "fl60":
+            _fixed_client_count(cfg, FL60_CLIENTS)
+        num_clients = cfg.num_clients or FL60_CLIENTS
+        xs, ys, adjacency, _ = make_fl_n(num_clients, gen_rng)
+        graph = torch.as_tensor(adjacency, dtype=torch.float32)
+        input_shape, output_dim, metric = (2,), 2, "accuracy"
+        description = (f"FL-N synthetic: {num_clients} clients x 100 points in 2-D, 2 classes on a rotating "
+                       f"axis; graph edges ~ Bernoulli(0.5 cos(angle gap) + 0.5)")
+    elif cfg.name == "tpt48":
+        from graphfed.data.datasets.tpt48 import HORIZON, WINDOW, load_tpt48
+
+        _fixed_client_count(cfg, TPT48_CLIENTS)
+        data = load_tpt48(cfg.resolved_data_dir())
+        xs, ys = list(data.x), list(data.y)
+        names = data.codes
+        graph = edges_to_adjacency(data.edges, len(names))
+        input_shape, output_dim, metric = (WINDOW - HORIZON,), HORIZON, "mse"
+        description = (f"TPT-48: {len(names)} states x {data.x.shape[1]} windows, 6 months in -> 6 out "
+                       f"(2008-01..2019-12, min-max scaled from {data.temp_min_f:.1f}..{data.temp_max_f:.1f} "
+                       f"deg F); graph = {len(data.edges)} shared state borders; split {cfg.split_mode}")
+    else:  # digits
+        from graphfed.data.datasets.digits import NUM_CLASSES, NUM_FEATURES, make_digits_clients
+
+        xs, ys = make_digits_clients(cfg, part_rng)
+        input_shape, output_dim, metric = (NUM_FEATURES,), NUM_CLASSES, "accuracy"
+        description = f"sklearn digits: {len(xs)} clients, {cfg.partition} partition" + (
+            f" (beta={cfg.dirichlet_beta})" if cfg.partition == "dirichlet" else
+            f" ({cfg.classes_per_client} classes/client)" if cfg.partition == "pathological" else "")
+
+    train, val, test = _split_clients(xs, ys, cfg, info.task, split_rng)
+    novel = choose_novel_clients(train.num_clients, cfg.novel_fraction, novel_rng)
+    return Federation(name=cfg.name, task=info.task, train=train, val=val, test=test,
+                      input_shape=input_shape, output_dim=output_dim, client_graph=graph, novel_mask=novel,
+                      client_names=names, metric=metric, description=description)

@@ -1,0 +1,43 @@
+"""Method registry. One file per algorithm; each registers its class here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from graphfed.config import ConfigError
+from graphfed.methods.base import Method, MethodContext, MethodOptions
+from graphfed.methods.fedavg import FedAvg, FedAvgFT
+from graphfed.methods.local import Local
+from graphfed.methods.panacea import Panacea, PanaceaGN, PanaceaMLP
+from graphfed.methods.pfedhn import PFedHN
+
+METHODS: dict[str, type[Method]] = {
+    cls.name: cls for cls in (Local, FedAvg, FedAvgFT, PFedHN, Panacea, PanaceaGN, PanaceaMLP)
+}
+
+
+def method_class(name: str) -> type[Method]:
+    if name not in METHODS:
+        raise ConfigError(f"method.name: unknown method '{name}'; allowed: {', '.join(sorted(METHODS))}")
+    return METHODS[name]
+
+
+def parse_options(name: str, options: dict[str, Any]) -> MethodOptions:
+    """Validate ``method.options`` against the method's typed options; one-line error on failure."""
+    cls = method_class(name)
+    try:
+        return cls.Options(**options)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        allowed = ", ".join(sorted(cls.Options.model_fields))
+        raise ConfigError(f"method.options.{field}: {first['msg']} (options of '{name}': {allowed})") from None
+
+
+def build_method(name: str, context: MethodContext, options: dict[str, Any]) -> Method:
+    return method_class(name)(context, parse_options(name, options))
+
+
+__all__ = ["METHODS", "Method", "MethodContext", "build_method", "method_class", "parse_options"]

@@ -1,0 +1,125 @@
+"""The engine-agnostic method contract.
+
+A method is a server-side strategy. Engines (the simulator, the Flower ServerApp) drive it:
+
+1. ``sent = method.personalize(client_ids)`` — the weights each selected client starts from.
+2. The engine runs the clients' local training (``method.local_training`` tells how) and computes
+   ``delta = sent - trained`` for each client.
+3. ``method.update(client_ids, sent, delta, metrics)`` — the server learns from the deltas.
+4. ``method.eval_weights(client_ids)`` — personalised weights used for evaluation.
+
+Methods never loop over rounds or clients, never touch files or logging, and keep all their state in
+attributes that :meth:`state_dict` can save (modules, optimizers, tensors, generators, numbers).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+
+from graphfed.core.params import ParamSpec
+from graphfed.data.federation import Task
+
+
+class MethodOptions(BaseModel):
+    """Base for each method's typed options (``method.options`` in the config)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass
+class MethodContext:
+    """What a method may know about the federation. No client data: only shapes, ids and the graph."""
+
+    spec: ParamSpec
+    init_weights: torch.Tensor  # [dim], the seeded initialisation of the target model
+    num_clients: int
+    train_client_ids: torch.Tensor
+    novel_client_ids: torch.Tensor
+    client_graph: torch.Tensor | None  # [N, N] or None when no graph is given
+    task: Task
+    seed: int
+    local_steps: int
+    local_lr: float
+
+
+class Method(ABC):
+    """Server-side strategy. Subclasses set ``name``, ``Options`` and implement the two hooks."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    Options: ClassVar[type[MethodOptions]] = MethodOptions
+    #: local steps of fine-tuning applied to ``eval_weights`` before evaluation (FedAvg-FT)
+    eval_finetune_steps: int = 0
+    #: proximal coefficient for the client objective (FedProx-style methods)
+    prox_mu: float = 0.0
+
+    def __init__(self, context: MethodContext, options: MethodOptions) -> None:
+        self.context = context
+        self.options = options
+        self.generator = torch.Generator().manual_seed(context.seed)
+        #: human-readable facts the engine should log once (e.g. "inferring the client graph")
+        self.notes: list[str] = []
+
+    @abstractmethod
+    def personalize(self, client_ids: torch.Tensor) -> torch.Tensor:
+        """``[S, dim]`` weights to send to ``client_ids`` this round (may carry autograd graph)."""
+
+    @abstractmethod
+    def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
+               metrics: dict[str, torch.Tensor]) -> None:
+        """Learn from ``delta = sent - trained`` (``[S, dim]``) and per-client ``metrics`` (``[S]`` each)."""
+
+    @torch.no_grad()
+    def eval_weights(self, client_ids: torch.Tensor) -> torch.Tensor:
+        """Personalised weights used to evaluate ``client_ids`` (default: what would be sent)."""
+        return self.personalize(client_ids).detach()
+
+    def supports_novel_adaptation(self) -> bool:
+        return False
+
+    def adapt_novel(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor) -> None:
+        """Update only what describes ``client_ids`` (e.g. their embeddings) from their deltas."""
+        raise TypeError(f"method '{self.name}' has no novel-client adaptation")
+
+    def collaboration_graph(self) -> torch.Tensor | None:
+        """Current ``[N, N]`` client graph the method uses, if it has one."""
+        return None
+
+    # ---- state --------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {}
+        for key, value in vars(self).items():
+            if isinstance(value, nn.Module | torch.optim.Optimizer):
+                state[key] = value.state_dict()
+            elif isinstance(value, torch.Tensor):
+                state[key] = value.clone()
+            elif isinstance(value, torch.Generator):
+                state[key] = value.get_state()
+            elif isinstance(value, int | float | bool) and not key.startswith("_"):
+                state[key] = value
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, saved in state.items():
+            current = getattr(self, key)
+            if isinstance(current, nn.Module | torch.optim.Optimizer):
+                current.load_state_dict(saved)
+            elif isinstance(current, torch.Generator):
+                current.set_state(saved)
+            elif isinstance(current, torch.Tensor):
+                setattr(self, key, saved.clone())
+            else:
+                setattr(self, key, saved)
+
+
+def weighted_mean(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Mean of rows ``values [S, ...]`` weighted by ``weights [S]`` (e.g. sample counts)."""
+    w = weights.to(values.dtype).clamp_min(0)
+    w = w / w.sum().clamp_min(1e-12)
+    return torch.tensordot(w, values, dims=1)

@@ -1,0 +1,50 @@
+"""FedAvg (McMahan et al., 2017) and FedAvg-FT (FedAvg + local fine-tuning before evaluation).
+
+Algorithm: the server sends the global model to the sampled clients; each runs K local SGD steps; the
+server moves the global model by the sample-weighted mean of the clients' changes.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from graphfed.methods.base import Method, MethodContext, MethodOptions, weighted_mean
+
+
+class FedAvgOptions(MethodOptions):
+    server_lr: float = Field(default=1.0, gt=0, description="1.0 = plain FedAvg averaging")
+
+
+class FedAvg(Method):
+    name = "fedavg"
+    summary = "one global model, sample-weighted averaging of client updates"
+    Options = FedAvgOptions
+
+    def __init__(self, context: MethodContext, options: FedAvgOptions) -> None:
+        super().__init__(context, options)
+        self.options: FedAvgOptions = options
+        self.global_weights = context.init_weights.clone()
+
+    def personalize(self, client_ids: torch.Tensor) -> torch.Tensor:
+        return self.global_weights.unsqueeze(0).expand(len(client_ids), -1).clone()
+
+    def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
+               metrics: dict[str, torch.Tensor]) -> None:
+        # delta = sent - trained, so subtracting the mean delta moves towards the clients' models.
+        mean_delta = weighted_mean(delta, metrics["num_examples"])
+        self.global_weights = self.global_weights - self.options.server_lr * mean_delta
+
+
+class FedAvgFTOptions(FedAvgOptions):
+    finetune_steps: int | None = Field(default=None, ge=1, description="default: the local step count")
+
+
+class FedAvgFT(FedAvg):
+    name = "fedavg-ft"
+    summary = "FedAvg, then each client fine-tunes the global model locally before evaluation"
+    Options = FedAvgFTOptions
+
+    def __init__(self, context: MethodContext, options: FedAvgFTOptions) -> None:
+        super().__init__(context, options)
+        self.eval_finetune_steps = options.finetune_steps or context.local_steps

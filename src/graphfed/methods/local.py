@@ -1,0 +1,23 @@
+"""Local: every client trains only its own model; nothing is shared."""
+
+from __future__ import annotations
+
+import torch
+
+from graphfed.methods.base import Method, MethodContext, MethodOptions
+
+
+class Local(Method):
+    name = "local"
+    summary = "each client trains its own model alone (no federation)"
+
+    def __init__(self, context: MethodContext, options: MethodOptions) -> None:
+        super().__init__(context, options)
+        self.client_weights = context.init_weights.unsqueeze(0).repeat(context.num_clients, 1)
+
+    def personalize(self, client_ids: torch.Tensor) -> torch.Tensor:
+        return self.client_weights[client_ids].clone()
+
+    def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
+               metrics: dict[str, torch.Tensor]) -> None:
+        self.client_weights[client_ids] = (sent - delta).detach()

@@ -1,0 +1,150 @@
+"""Panacea (Lin et al.): graph hypernetwork over the client relation graph + graph generator.
+
+Algorithm 1 of the paper, per round:
+  sample clients S_t
+  theta_t = M(E(h0, A))_t for t in S_t            GNN encoder E over the client graph, MLP hypernet M
+  each client runs K_c SGD steps -> delta_t = theta_t - theta_t~
+  repeat K_s times:
+      psi_e <- psi_e - alpha * (d theta_t/d psi_e)^T delta_t - alpha * lambda_d * dL_d/d psi_e
+      psi_m <- psi_m - alpha * (d theta_t/d psi_m)^T delta_t
+where L_d = BCE(sigmoid(<z^_u, z^_v>), A_uv) reconstructs the graph from the embeddings.
+
+Across the K_s server steps the client's target theta_t~ stays fixed and the direction is recomputed
+as ``theta_t(psi_k) - theta_t~`` (the gradient of the paper's MSE objective L_GH); at k = 0 it equals
+delta_t, the usual hypergradient. Variants: Panacea-GN (lambda_d = 0), Panacea-MLP (no GNN, no
+generator). When no client graph is given, the graph is inferred by kNN over the cosine similarity of
+the clients' latest updates and refreshed every ``graph_refresh_rounds`` rounds.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from graphfed.core.hypergrad import hypergradient_step
+from graphfed.data.graphs import knn_graph
+from graphfed.methods.base import Method, MethodContext, MethodOptions
+from graphfed.nn.gnn import GNNEncoder
+from graphfed.nn.graph_generator import InnerProductGraphGenerator
+from graphfed.nn.hypernet import MLPHypernet
+
+
+class PanaceaOptions(MethodOptions):
+    embedding_dim: int = Field(default=100, ge=1)
+    gnn: Literal["gcn", "gat", "gin", "graphconv", "none"] = "gcn"
+    gnn_layers: int = Field(default=3, ge=1)
+    gnn_hidden: int = Field(default=100, ge=1)
+    hypernet_hidden: int = Field(default=100, ge=1)
+    hypernet_layers: int = Field(default=3, ge=1)
+    lambda_d: float = Field(default=0.01, ge=0)
+    server_steps: int = Field(default=10, ge=1, description="K_s")
+    server_optimizer: Literal["sgd", "adam"] = "adam"
+    server_lr: float = Field(default=1e-3, gt=0)
+    knn: int = Field(default=5, ge=1, description="neighbours when the graph is inferred")
+    graph_refresh_rounds: int = Field(default=10, ge=1)
+    novel_lr: float = Field(default=1e-2, gt=0)
+
+
+class Panacea(Method):
+    name = "panacea"
+    summary = "GNN over the client graph + MLP hypernetwork + graph generator (lambda_d)"
+    Options = PanaceaOptions
+
+    def __init__(self, context: MethodContext, options: PanaceaOptions) -> None:
+        super().__init__(context, options)
+        self.options: PanaceaOptions = options
+        torch.manual_seed(context.seed)
+        n, dim = context.num_clients, options.embedding_dim
+        self.embeddings = nn.Embedding(n, dim)  # h0 ~ N(0, 1)
+        self.encoder = (GNNEncoder(dim, options.gnn_hidden, options.gnn_hidden, options.gnn_layers, options.gnn)
+                        if options.gnn != "none" else nn.Identity())
+        z_dim = options.gnn_hidden if options.gnn != "none" else dim
+        self.hypernet = MLPHypernet(z_dim, context.spec, options.hypernet_hidden, options.hypernet_layers)
+        self.graph_generator = InnerProductGraphGenerator(z_dim)
+        modules = [self.embeddings, self.encoder, self.hypernet, self.graph_generator]
+        params = [p for module in modules for p in module.parameters()]
+        self.optimizer = (torch.optim.Adam(params, lr=options.server_lr) if options.server_optimizer == "adam"
+                          else torch.optim.SGD(params, lr=options.server_lr, momentum=0.9))
+        self.infer_graph = context.client_graph is None
+        self.adjacency = (torch.zeros(n, n) if self.infer_graph
+                          else context.client_graph.to(torch.float32).clone())
+        self.latest_delta = torch.zeros(0)
+        self.rounds_seen = 0
+        if self.infer_graph and self.uses_graph:
+            self.notes.append(f"{self.name}: no client graph given; inferring one by kNN (k={options.knn}) over "
+                              f"cosine similarity of client updates, refreshed every "
+                              f"{options.graph_refresh_rounds} rounds")
+
+    @property
+    def uses_graph(self) -> bool:
+        return self.options.gnn != "none" or self.options.lambda_d > 0
+
+    def _client_embeddings(self, h0: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.encoder, GNNEncoder):
+            return self.encoder(h0, self.adjacency)
+        return self.encoder(h0)
+
+    def personalize(self, client_ids: torch.Tensor) -> torch.Tensor:
+        return self.hypernet(self._client_embeddings(self.embeddings.weight)[client_ids])
+
+    def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
+               metrics: dict[str, torch.Tensor]) -> None:
+        self._maybe_refresh_graph(client_ids, delta)
+        target = (sent - delta).detach()
+        for _ in range(self.options.server_steps):
+            z = self._client_embeddings(self.embeddings.weight)
+            theta = self.hypernet(z[client_ids])
+            graph_loss = None
+            if self.options.lambda_d > 0:
+                graph_loss = self.options.lambda_d * self.graph_generator.reconstruction_loss(
+                    z, self.adjacency, self.generator)
+            hypergradient_step(self.optimizer, theta, (theta.detach() - target) / len(client_ids), graph_loss)
+
+    def _maybe_refresh_graph(self, client_ids: torch.Tensor, delta: torch.Tensor) -> None:
+        self.rounds_seen += 1
+        if not (self.infer_graph and self.uses_graph):
+            return
+        if self.latest_delta.numel() == 0:
+            self.latest_delta = torch.zeros(self.context.num_clients, delta.shape[1])
+        self.latest_delta[client_ids] = delta.detach()
+        if self.rounds_seen % self.options.graph_refresh_rounds == 0:
+            seen = torch.nonzero(self.latest_delta.abs().sum(1) > 0).flatten()
+            if len(seen) > 1:
+                sub_graph = knn_graph(self.latest_delta[seen], min(self.options.knn, len(seen) - 1))
+                self.adjacency = torch.zeros_like(self.adjacency)
+                self.adjacency[seen.unsqueeze(1), seen.unsqueeze(0)] = sub_graph
+
+    def collaboration_graph(self) -> torch.Tensor | None:
+        return self.adjacency.clone() if self.uses_graph else None
+
+    def supports_novel_adaptation(self) -> bool:
+        return True
+
+    def adapt_novel(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor) -> None:
+        # Only the novel clients' initial embeddings move; the encoder and hypernetwork stay frozen.
+        novel_h0 = self.embeddings.weight[client_ids].detach().requires_grad_(True)
+        optimizer = torch.optim.SGD([novel_h0], lr=self.options.novel_lr)
+        h0 = self.embeddings.weight.detach().index_put((client_ids,), novel_h0)
+        theta = self.hypernet(self._client_embeddings(h0)[client_ids])
+        hypergradient_step(optimizer, theta, delta / len(client_ids))
+        with torch.no_grad():
+            self.embeddings.weight[client_ids] = novel_h0
+
+
+class PanaceaGN(Panacea):
+    name = "panacea-gn"
+    summary = "Panacea without the graph generator (lambda_d = 0)"
+
+    def __init__(self, context: MethodContext, options: PanaceaOptions) -> None:
+        super().__init__(context, options.model_copy(update={"lambda_d": 0.0}))
+
+
+class PanaceaMLP(Panacea):
+    name = "panacea-mlp"
+    summary = "Panacea's MLP hypernetwork alone: no GNN, no graph generator"
+
+    def __init__(self, context: MethodContext, options: PanaceaOptions) -> None:
+        super().__init__(context, options.model_copy(update={"gnn": "none", "lambda_d": 0.0}))

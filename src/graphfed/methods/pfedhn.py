@@ -1,0 +1,62 @@
+"""pFedHN (Shamsian et al., 2021): an MLP hypernetwork generates each client's weights.
+
+Algorithm 1 of the paper, per round:
+  sample clients; theta_i = h(v_i; phi); client runs K SGD steps -> delta_i = theta_i - theta_i~;
+  phi, v <- phi, v - alpha * (d theta_i / d (phi, v))^T delta_i      (the hypergradient step)
+Novel clients (paper Sec. 5.3): keep phi fixed and learn only the new client's embedding v.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from graphfed.core.hypergrad import hypergradient_step
+from graphfed.methods.base import Method, MethodContext, MethodOptions
+from graphfed.nn.hypernet import MLPHypernet
+
+
+class PFedHNOptions(MethodOptions):
+    embedding_dim: int | None = Field(default=None, ge=1, description="default 1 + N/4 (paper)")
+    hidden: int = Field(default=100, ge=1)
+    num_layers: int = Field(default=3, ge=1)
+    server_lr: float = Field(default=1e-2, gt=0)
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+    weight_decay: float = Field(default=1e-3, ge=0)
+    novel_lr: float = Field(default=1e-2, gt=0, description="embedding-only adaptation of novel clients")
+
+
+class PFedHN(Method):
+    name = "pfedhn"
+    summary = "MLP hypernetwork maps a learned client embedding to the client's weights"
+    Options = PFedHNOptions
+
+    def __init__(self, context: MethodContext, options: PFedHNOptions) -> None:
+        super().__init__(context, options)
+        self.options: PFedHNOptions = options
+        torch.manual_seed(context.seed)
+        dim = options.embedding_dim or 1 + context.num_clients // 4
+        self.embeddings = nn.Embedding(context.num_clients, dim)
+        self.hypernet = MLPHypernet(dim, context.spec, options.hidden, options.num_layers)
+        params = [*self.embeddings.parameters(), *self.hypernet.parameters()]
+        self.optimizer = torch.optim.SGD(params, lr=options.server_lr, momentum=options.momentum,
+                                         weight_decay=options.weight_decay)
+
+    def personalize(self, client_ids: torch.Tensor) -> torch.Tensor:
+        return self.hypernet(self.embeddings(client_ids))
+
+    def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
+               metrics: dict[str, torch.Tensor]) -> None:
+        # `sent` may be detached (it travelled to clients); regenerate it with the graph attached.
+        hypergradient_step(self.optimizer, self.personalize(client_ids), delta / len(client_ids))
+
+    def supports_novel_adaptation(self) -> bool:
+        return True
+
+    def adapt_novel(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor) -> None:
+        embedding = self.embeddings.weight[client_ids].detach().requires_grad_(True)
+        optimizer = torch.optim.SGD([embedding], lr=self.options.novel_lr)
+        hypergradient_step(optimizer, self.hypernet(embedding), delta / len(client_ids))
+        with torch.no_grad():
+            self.embeddings.weight[client_ids] = embedding

@@ -1,0 +1,1 @@
+"""Server-side networks: GNN encoders (PyG), hypernetworks, graph generators."""

@@ -1,0 +1,31 @@
+"""Panacea's graph generator: reconstruct the client graph from client embeddings."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class InnerProductGraphGenerator(nn.Module):
+    """``P(A_uv = 1) = sigmoid(<f(z_u), f(z_v)>)`` with ``f`` a small MLP."""
+
+    def __init__(self, dim: int, hidden: int = 100) -> None:
+        super().__init__()
+        self.transform = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
+
+    def reconstruction_loss(self, z: torch.Tensor, adjacency: torch.Tensor,
+                            generator: torch.Generator) -> torch.Tensor:
+        """BCE on all edges (positives) and as many uniformly sampled non-edges (negatives)."""
+        num_nodes = adjacency.shape[0]
+        positives = torch.nonzero(torch.triu(adjacency > 0, diagonal=1))
+        if len(positives) == 0:
+            return z.sum() * 0.0
+        candidates = torch.randint(0, num_nodes, (4 * len(positives), 2), generator=generator)
+        keep = (candidates[:, 0] != candidates[:, 1]) & (adjacency[candidates[:, 0], candidates[:, 1]] <= 0)
+        negatives = candidates[keep][: len(positives)]
+        pairs = torch.cat([positives, negatives])
+        labels = torch.cat([torch.ones(len(positives)), torch.zeros(len(negatives))])
+        z_hat = self.transform(z)
+        logits = (z_hat[pairs[:, 0]] * z_hat[pairs[:, 1]]).sum(-1)
+        return F.binary_cross_entropy_with_logits(logits, labels)

@@ -1,0 +1,1 @@
+"""Tables and plots of run results."""

@@ -1,0 +1,61 @@
+"""Aggregate run summaries into comparison tables (mean ± std over seeds)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+
+def _mean_std(values: Sequence[float | None]) -> tuple[float, float] | None:
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    return statistics.fmean(present), statistics.pstdev(present) if len(present) > 1 else 0.0
+
+
+def format_value(stats: tuple[float, float] | None, metric: str) -> str:
+    if stats is None:
+        return "—"
+    mean, std = stats
+    if metric == "accuracy":
+        return f"{100 * mean:.2f} ± {100 * std:.2f}"
+    return f"{mean:.3e} ± {std:.1e}"
+
+
+def compare_rows(summaries: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per method: mean ± std over seeds of the per-client mean, plus the other columns."""
+    rows = []
+    for method, runs in summaries.items():
+        metric = runs[0]["metric"]
+        rows.append({
+            "method": method, "metric": metric, "seeds": len(runs),
+            "test": _mean_std([r["test_mean"] for r in runs]),
+            "client_std": _mean_std([r["test_std"] for r in runs]),
+            "pooled": _mean_std([r["test_pooled"] for r in runs]),
+            "novel": _mean_std([r["novel_mean"] for r in runs]),
+            "novel_adapted": _mean_std([r["novel_adapted_mean"] for r in runs]),
+            "wall_seconds": statistics.fmean(r["wall_seconds"] for r in runs),
+            "mb_up": statistics.fmean(r["bytes_up"] for r in runs) / 1e6,
+        })
+    return rows
+
+
+HEADERS = ["method", "test (mean ± std over seeds)", "std over clients", "pooled", "novel",
+           "novel (adapted)", "wall s", "MB up"]
+
+
+def row_cells(row: dict[str, Any]) -> list[str]:
+    metric = row["metric"]
+    client_std = row["client_std"]
+    std_text = "—" if client_std is None else (
+        f"{100 * client_std[0]:.2f}" if metric == "accuracy" else f"{client_std[0]:.1e}")
+    return [row["method"], format_value(row["test"], metric), std_text, format_value(row["pooled"], metric),
+            format_value(row["novel"], metric), format_value(row["novel_adapted"], metric),
+            f"{row['wall_seconds']:.1f}", f"{row['mb_up']:.2f}"]
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    lines += ["| " + " | ".join(row_cells(row)) + " |" for row in rows]
+    return "\n".join(lines) + "\n"

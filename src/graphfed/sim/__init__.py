@@ -1,0 +1,1 @@
+"""The single-machine engine: vectorised client training, evaluation and the round loop."""

@@ -1,0 +1,93 @@
+"""Run-directory I/O: atomic checkpoints, the per-round log and the summary. All file writes live here."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CHECKPOINT = "checkpoint.pt"
+ROUNDS_LOG = "rounds.jsonl"
+SUMMARY = "summary.json"
+CONFIG = "config.yaml"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used to resume (missing, corrupt, or from another config)."""
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temp file in the same directory, fsync, then rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def save_checkpoint(out_dir: Path, state: dict[str, Any]) -> None:
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    atomic_write_bytes(out_dir / CHECKPOINT, buffer.getvalue())
+
+
+def load_checkpoint(out_dir: Path) -> dict[str, Any]:
+    path = out_dir / CHECKPOINT
+    if not path.exists():
+        raise CheckpointError(f"--resume: no checkpoint at {path}; start the run without --resume")
+    try:
+        return torch.load(path, weights_only=False)
+    except Exception as err:  # torch raises several types for truncated/corrupt pickles
+        raise CheckpointError(f"--resume: checkpoint {path} is unreadable ({type(err).__name__}: {err})") from None
+
+
+class RoundLog:
+    """``rounds.jsonl``: one JSON object per evaluated round, appended and flushed as it happens."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.path = out_dir / ROUNDS_LOG
+
+    def truncate_after(self, last_round: int) -> None:
+        """Drop lines written after the checkpoint we resume from, so no round appears twice."""
+        if not self.path.exists():
+            return
+        kept = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line)["round"] <= last_round]
+        atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))
+
+    def reset(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def append(self, record: dict[str, Any]) -> None:
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+            handle.flush()
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+
+def write_summary(out_dir: Path, summary: dict[str, Any]) -> None:
+    atomic_write_text(out_dir / SUMMARY, json.dumps(summary, indent=2) + "\n")
+
+
+def read_summary(out_dir: Path) -> dict[str, Any]:
+    return json.loads((out_dir / SUMMARY).read_text())

@@ -1,0 +1,313 @@
+"""The simulator: the one round loop of graphfed.
+
+Per round: sample clients from a seeded stream, ask the method for their personalised weights, train
+all sampled clients at once (vectorised), check the updates, hand ``delta = sent - trained`` back to the
+method, and every ``eval_every`` rounds evaluate every client's personalised model. Checkpoints are
+written atomically at round boundaries; ``resume=True`` continues bit-identically because every random
+draw comes from a (seed, round, purpose) stream and the method's state is saved whole.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from graphfed.config import RunConfig, dump_config
+from graphfed.core import rng
+from graphfed.core.params import ParamSpec
+from graphfed.data import build_federation
+from graphfed.data.federation import Federation
+from graphfed.methods import build_method
+from graphfed.methods.base import Method, MethodContext
+from graphfed.models import build_model
+from graphfed.models.base import TargetModel
+from graphfed.sim import checkpoint as io
+from graphfed.sim.client import ClientScores, LocalTraining, evaluate_clients, train_clients
+
+log = logging.getLogger("graphfed")
+
+BYTES_PER_VALUE = 4  # float32 on the wire
+
+
+class NonFiniteUpdateError(RuntimeError):
+    """A client update or the server's weights became NaN/Inf; the run stops, checkpoint kept."""
+
+
+class InvalidUpdateError(ValueError):
+    """A client update has the wrong shape."""
+
+
+def check_update(delta: torch.Tensor, client_ids: torch.Tensor, dim: int, round_index: int) -> None:
+    """Reject wrong-shaped or non-finite updates, naming the offending clients."""
+    if delta.ndim != 2 or delta.shape != (len(client_ids), dim):
+        raise InvalidUpdateError(f"round {round_index}: update shape {tuple(delta.shape)} != "
+                                 f"({len(client_ids)}, {dim}) expected")
+    bad = ~torch.isfinite(delta).all(dim=1)
+    if bad.any():
+        raise NonFiniteUpdateError(f"round {round_index}: non-finite (NaN/Inf) update from client(s) "
+                                   f"{client_ids[bad].tolist()}")
+
+
+@dataclass
+class Setup:
+    """Everything built from a config before the first round."""
+
+    config: RunConfig
+    federation: Federation
+    model: TargetModel
+    spec: ParamSpec
+    method: Method
+
+
+def build_setup(config: RunConfig, federation: Federation | None = None) -> Setup:
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    fed = federation if federation is not None else build_federation(config.dataset, config.seed)
+    torch.manual_seed(rng.stream_seed(config.seed, 0, "init"))
+    model = build_model(config.model.name, fed, config.model.options)
+    spec = ParamSpec.from_module(model)
+    context = MethodContext(
+        spec=spec, init_weights=spec.flatten_module(model), num_clients=fed.num_clients,
+        train_client_ids=fed.train_client_ids, novel_client_ids=fed.novel_client_ids,
+        client_graph=fed.client_graph, task=fed.task, seed=rng.stream_seed(config.seed, 0, "method"),
+        local_steps=config.train.local_steps, local_lr=config.train.lr)
+    method = build_method(config.method.name, context, config.method.options)
+    return Setup(config, fed, model, spec, method)
+
+
+@dataclass
+class Tracker:
+    """Best-validation model selection and byte accounting, saved in checkpoints."""
+
+    higher_is_better: bool
+    best: dict[str, Any] = field(default_factory=dict)
+    bytes_up: int = 0
+    bytes_down: int = 0
+    elapsed: float = 0.0
+
+    def offer(self, record: dict[str, Any]) -> None:
+        value = record["val_mean"]
+        if not self.best:
+            self.best = record
+            return
+        better = value > self.best["val_mean"] if self.higher_is_better else value < self.best["val_mean"]
+        if better:
+            self.best = record
+
+
+def _mean_std(values: torch.Tensor) -> tuple[float | None, float | None]:
+    if values.numel() == 0:
+        return None, None
+    return float(values.mean()), float(values.std(unbiased=False))
+
+
+class Simulator:
+    """Runs one config to completion, writing to ``out_dir`` (``None``: in memory only)."""
+
+    def __init__(self, config: RunConfig, out_dir: str | Path | None = None,
+                 federation: Federation | None = None, progress: bool = True) -> None:
+        self.config = config
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.progress = progress
+        self.setup = build_setup(config, federation)
+        fed = self.setup.federation
+        self.training = LocalTraining(config.train.local_steps, config.train.batch_size, config.train.lr,
+                                      self.setup.method.prox_mu)
+        self.tracker = Tracker(higher_is_better=fed.metric == "accuracy")
+        self.num_train_clients = len(fed.train_client_ids)
+        if self.num_train_clients == 0:
+            raise ValueError("every client is novel: lower dataset.novel_fraction")
+
+    # ---- pieces of a round ----------------------------------------------------------------------------
+    def sample_clients(self, round_index: int) -> torch.Tensor:
+        train_ids = self.setup.federation.train_client_ids
+        per_round = min(self.config.train.clients_per_round, len(train_ids))
+        order = torch.randperm(len(train_ids), generator=rng.generator(self.config.seed, round_index, "sampling"))
+        return train_ids[order[:per_round]].sort().values
+
+    def local_train(self, start: torch.Tensor, client_ids: torch.Tensor, generator: torch.Generator,
+                    steps: int | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        training = self.training if steps is None else LocalTraining(
+            steps, self.training.batch_size, self.training.lr, self.training.prox_mu)
+        s = self.setup
+        return train_clients(s.model, s.spec, start, s.federation.train.select(client_ids), training,
+                             s.federation.task, generator)
+
+    def run_round(self, round_index: int) -> dict[str, float]:
+        method, spec = self.setup.method, self.setup.spec
+        client_ids = self.sample_clients(round_index)
+        sent = method.personalize(client_ids).detach()
+        if not torch.isfinite(sent).all():
+            raise NonFiniteUpdateError(f"round {round_index}: the server produced non-finite weights")
+        trained, metrics = self.local_train(sent, client_ids,
+                                            rng.generator(self.config.seed, round_index, "local_training"))
+        delta = sent - trained
+        check_update(delta, client_ids, spec.dim, round_index)
+        method.update(client_ids, sent, delta, metrics)
+        self.tracker.bytes_down += len(client_ids) * spec.dim * BYTES_PER_VALUE
+        self.tracker.bytes_up += len(client_ids) * spec.dim * BYTES_PER_VALUE
+        loss = float(metrics["loss_last"].mean())
+        if not math.isfinite(loss):
+            raise NonFiniteUpdateError(f"round {round_index}: non-finite training loss")
+        return {"train_loss": loss}
+
+    def personalized_weights(self, client_ids: torch.Tensor, round_index: int) -> torch.Tensor:
+        """Evaluation weights, fine-tuned locally first for methods that ask for it (FedAvg-FT)."""
+        method = self.setup.method
+        weights = method.eval_weights(client_ids)
+        if method.eval_finetune_steps:
+            generator = rng.generator(self.config.seed, round_index, "evaluation")
+            weights, _ = self.local_train(weights, client_ids, generator, steps=method.eval_finetune_steps)
+        return weights
+
+    def score(self, weights: torch.Tensor, client_ids: torch.Tensor, split: str) -> ClientScores:
+        s = self.setup
+        data = getattr(s.federation, split).select(client_ids)
+        return evaluate_clients(s.model, s.spec, weights, data, s.federation.task)
+
+    def evaluate(self, round_index: int) -> dict[str, Any]:
+        fed = self.setup.federation
+        train_ids, novel_ids = fed.train_client_ids, fed.novel_client_ids
+        all_ids = torch.arange(fed.num_clients)
+        weights = self.personalized_weights(all_ids, round_index)
+        val = self.score(weights[train_ids], train_ids, "val")
+        test = self.score(weights[train_ids], train_ids, "test")
+        record: dict[str, Any] = {"round": round_index + 1}
+        record["val_mean"], record["val_std"] = _mean_std(val.metric)
+        record["test_mean"], record["test_std"] = _mean_std(test.metric)
+        record["test_pooled"] = test.pooled
+        record["novel_mean"] = record["novel_std"] = None
+        if len(novel_ids):
+            novel = self.score(weights[novel_ids], novel_ids, "test")
+            record["novel_mean"], record["novel_std"] = _mean_std(novel.metric)
+        return record
+
+    def evaluate_novel_adapted(self) -> tuple[float | None, float | None]:
+        """Embedding-only adaptation of novel clients (pFedHN Sec. 5.3) on a copy of the method state."""
+        method, fed = self.setup.method, self.setup.federation
+        novel_ids = fed.novel_client_ids
+        rounds = self.config.train.novel_adapt_rounds
+        if not len(novel_ids) or not rounds or not method.supports_novel_adaptation():
+            return None, None
+        saved = copy.deepcopy(method.state_dict())
+        try:
+            for step in range(rounds):
+                sent = method.personalize(novel_ids).detach()
+                generator = rng.generator(self.config.seed, step, "novel")
+                trained, _ = self.local_train(sent, novel_ids, generator)
+                delta = sent - trained
+                check_update(delta, novel_ids, self.setup.spec.dim, step)
+                method.adapt_novel(novel_ids, sent, delta)
+            scores = self.score(method.eval_weights(novel_ids), novel_ids, "test")
+            return _mean_std(scores.metric)
+        finally:
+            method.load_state_dict(saved)
+
+    # ---- checkpoints --------------------------------------------------------------------------------
+    def _checkpoint_state(self, completed_rounds: int) -> dict[str, Any]:
+        return {"completed_rounds": completed_rounds, "config": dump_config(self.config),
+                "method": self.setup.method.state_dict(), "tracker": vars(self.tracker).copy(),
+                "torch_rng": torch.get_rng_state()}
+
+    def _restore(self, state: dict[str, Any]) -> int:
+        if state["config"] != dump_config(self.config):
+            raise io.CheckpointError("--resume: the checkpoint was written by a different config; "
+                                     "use the run's own config.yaml or start a new --out directory")
+        self.setup.method.load_state_dict(state["method"])
+        for key, value in state["tracker"].items():
+            setattr(self.tracker, key, value)
+        torch.set_rng_state(state["torch_rng"])
+        return int(state["completed_rounds"])
+
+    # ---- the loop ----------------------------------------------------------------------------------
+    def run(self, resume: bool = False) -> dict[str, Any]:
+        cfg, fed, method = self.config, self.setup.federation, self.setup.method
+        rounds_log = io.RoundLog(self.out_dir) if self.out_dir else None
+        start_round = 0
+        if self.out_dir:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            if resume:
+                start_round = self._restore(io.load_checkpoint(self.out_dir))
+                rounds_log.truncate_after(start_round)
+                log.info("resuming %s from round %d", self.out_dir, start_round)
+            else:
+                rounds_log.reset()
+            io.atomic_write_text(self.out_dir / io.CONFIG, dump_config(cfg))
+        for note in method.notes:
+            log.info(note)
+        history: list[dict[str, Any]] = rounds_log.read() if rounds_log else []
+        status = "completed"
+        segment_start = time.perf_counter()
+        bar = tqdm(range(start_round, cfg.train.rounds), initial=start_round, total=cfg.train.rounds,
+                   desc=f"{method.name} on {fed.name}", disable=not self.progress, unit="round",
+                   dynamic_ncols=True)
+        round_stats: dict[str, float] = {}
+        try:
+            for round_index in bar:
+                round_stats = self.run_round(round_index)
+                completed = round_index + 1
+                if completed % cfg.train.eval_every == 0 or completed == cfg.train.rounds:
+                    record = self.evaluate(round_index)
+                    record.update(round_stats, bytes_up=self.tracker.bytes_up, bytes_down=self.tracker.bytes_down,
+                                  wall_seconds=self.tracker.elapsed + time.perf_counter() - segment_start)
+                    self.tracker.offer(record)
+                    history.append(record)
+                    if rounds_log:
+                        rounds_log.append(record)
+                    bar.set_postfix({f"val_{fed.metric}": f"{record['val_mean']:.4g}",
+                                     f"test_{fed.metric}": f"{record['test_mean']:.4g}"})
+                if self.out_dir and (completed % cfg.train.checkpoint_every == 0 or completed == cfg.train.rounds):
+                    self.tracker.elapsed += time.perf_counter() - segment_start
+                    segment_start = time.perf_counter()
+                    io.save_checkpoint(self.out_dir, self._checkpoint_state(completed))
+        except NonFiniteUpdateError as err:
+            status = f"stopped: {err}"
+            log.error("%s; last good checkpoint kept in %s", err, self.out_dir or "(no output directory)")
+        finally:
+            bar.close()
+        self.tracker.elapsed += time.perf_counter() - segment_start
+        novel_adapted = (None, None)
+        if status == "completed":
+            novel_adapted = self.evaluate_novel_adapted()
+        summary = self._summary(history, status, novel_adapted)
+        if self.out_dir:
+            io.write_summary(self.out_dir, summary)
+            from graphfed.report.plots import plot_curves
+
+            plot_curves(history, self.out_dir / "plots" / "curves.png", fed.metric,
+                        title=f"{method.name} on {fed.name}")
+        return summary
+
+    def _summary(self, history: list[dict[str, Any]], status: str,
+                 novel_adapted: tuple[float | None, float | None]) -> dict[str, Any]:
+        cfg, fed = self.config, self.setup.federation
+        best = self.tracker.best or {}
+        last = history[-1] if history else {}
+        return {
+            "method": cfg.method.name, "dataset": fed.name, "metric": fed.metric, "seed": cfg.seed,
+            "status": status,
+            "test_mean": best.get("test_mean"), "test_std": best.get("test_std"),
+            "test_pooled": best.get("test_pooled"), "val_mean": best.get("val_mean"),
+            "novel_mean": best.get("novel_mean"), "novel_std": best.get("novel_std"),
+            "novel_adapted_mean": novel_adapted[0], "novel_adapted_std": novel_adapted[1],
+            "best_round": best.get("round"), "final_test_mean": last.get("test_mean"),
+            "rounds": last.get("round", 0), "num_clients": fed.num_clients,
+            "num_novel_clients": len(fed.novel_client_ids), "num_params": self.setup.spec.dim,
+            "wall_seconds": round(self.tracker.elapsed, 3),
+            "bytes_up": self.tracker.bytes_up, "bytes_down": self.tracker.bytes_down,
+            "notes": list(self.setup.method.notes),
+        }
+
+
+def run_config(config: RunConfig, out_dir: str | Path | None = None, resume: bool = False,
+               progress: bool = True, federation: Federation | None = None) -> dict[str, Any]:
+    """Library entry point: build and run one config, return the summary dict."""
+    return Simulator(config, out_dir, federation=federation, progress=progress).run(resume=resume)
