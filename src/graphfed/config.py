@@ -82,7 +82,8 @@ class RunConfig(_Strict):
         from graphfed.models import MODELS
 
         if self.dataset.name not in DATASETS:
-            raise ValueError(f"dataset.name: unknown dataset '{self.dataset.name}'; allowed: {', '.join(sorted(DATASETS))}")
+            allowed = ", ".join(sorted(DATASETS))
+            raise ValueError(f"dataset.name: unknown dataset '{self.dataset.name}'; allowed: {allowed}")
         if self.model.name not in MODELS:
             raise ValueError(f"model.name: unknown model '{self.model.name}'; allowed: {', '.join(sorted(MODELS))}")
         parse_options(self.method.name, self.method.options)

@@ -83,6 +83,10 @@ class Method(ABC):
     def supports_novel_adaptation(self) -> bool:
         return False
 
+    def begin_novel_adaptation(self, client_ids: torch.Tensor) -> None:
+        """Called once before a series of :meth:`adapt_novel` calls for the same novel clients."""
+        raise TypeError(f"method '{self.name}' has no novel-client adaptation")
+
     def adapt_novel(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor) -> None:
         """Update only what describes ``client_ids`` (e.g. their embeddings) from their deltas."""
         raise TypeError(f"method '{self.name}' has no novel-client adaptation")
@@ -95,13 +99,15 @@ class Method(ABC):
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {}
         for key, value in vars(self).items():
+            if key.startswith("_"):  # scratch state (e.g. a novel-client adaptation in progress)
+                continue
             if isinstance(value, nn.Module | torch.optim.Optimizer):
                 state[key] = value.state_dict()
             elif isinstance(value, torch.Tensor):
                 state[key] = value.clone()
             elif isinstance(value, torch.Generator):
                 state[key] = value.get_state()
-            elif isinstance(value, int | float | bool) and not key.startswith("_"):
+            elif isinstance(value, int | float | bool):
                 state[key] = value
         return state
 
@@ -116,6 +122,40 @@ class Method(ABC):
                 setattr(self, key, saved.clone())
             else:
                 setattr(self, key, saved)
+
+
+class EmbeddingHypernetwork(Method):
+    """A method that generates weights from learnable client embeddings (pFedHN, Panacea).
+
+    Novel clients are adapted as in pFedHN Sec. 5.3: everything is frozen except the novel clients'
+    embeddings, which follow the hypergradient of their own deltas (Adam, ``options.novel_lr``).
+    """
+
+    embeddings: nn.Embedding
+
+    @abstractmethod
+    def weights_from_embeddings(self, embeddings: torch.Tensor, client_ids: torch.Tensor) -> torch.Tensor:
+        """``[S, dim]`` weights of ``client_ids`` given the full ``[N, d]`` embedding table."""
+
+    def personalize(self, client_ids: torch.Tensor) -> torch.Tensor:
+        return self.weights_from_embeddings(self.embeddings.weight, client_ids)
+
+    def supports_novel_adaptation(self) -> bool:
+        return True
+
+    def begin_novel_adaptation(self, client_ids: torch.Tensor) -> None:
+        self._novel_embeddings = self.embeddings.weight[client_ids].detach().clone().requires_grad_(True)
+        self._novel_optimizer = torch.optim.Adam([self._novel_embeddings], lr=self.options.novel_lr)
+
+    def adapt_novel(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor) -> None:
+        # Only the novel rows are leaves; every other embedding and all networks are constants here.
+        from graphfed.core.hypergrad import hypergradient_step
+
+        table = self.embeddings.weight.detach().index_put((client_ids,), self._novel_embeddings)
+        hypergradient_step(self._novel_optimizer, self.weights_from_embeddings(table, client_ids),
+                           delta / len(client_ids))
+        with torch.no_grad():
+            self.embeddings.weight[client_ids] = self._novel_embeddings
 
 
 def weighted_mean(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ the clients' latest updates and refreshed every ``graph_refresh_rounds`` rounds.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -26,8 +26,8 @@ from torch import nn
 
 from graphfed.core.hypergrad import hypergradient_step
 from graphfed.data.graphs import knn_graph
-from graphfed.methods.base import Method, MethodContext, MethodOptions
-from graphfed.nn.gnn import GNNEncoder
+from graphfed.methods.base import EmbeddingHypernetwork, MethodContext, MethodOptions
+from graphfed.nn.gnn import GNNEncoder, GraphEdges
 from graphfed.nn.graph_generator import InnerProductGraphGenerator
 from graphfed.nn.hypernet import MLPHypernet
 
@@ -45,10 +45,10 @@ class PanaceaOptions(MethodOptions):
     server_lr: float = Field(default=1e-3, gt=0)
     knn: int = Field(default=5, ge=1, description="neighbours when the graph is inferred")
     graph_refresh_rounds: int = Field(default=10, ge=1)
-    novel_lr: float = Field(default=1e-2, gt=0)
+    novel_lr: float = Field(default=1e-2, gt=0, description="Adam lr of novel-client embedding adaptation")
 
 
-class Panacea(Method):
+class Panacea(EmbeddingHypernetwork):
     name = "panacea"
     summary = "GNN over the client graph + MLP hypernetwork + graph generator (lambda_d)"
     Options = PanaceaOptions
@@ -66,11 +66,14 @@ class Panacea(Method):
         self.graph_generator = InnerProductGraphGenerator(z_dim)
         modules = [self.embeddings, self.encoder, self.hypernet, self.graph_generator]
         params = [p for module in modules for p in module.parameters()]
-        self.optimizer = (torch.optim.Adam(params, lr=options.server_lr) if options.server_optimizer == "adam"
-                          else torch.optim.SGD(params, lr=options.server_lr, momentum=0.9))
+        if options.server_optimizer == "adam":
+            self.optimizer: torch.optim.Optimizer = torch.optim.Adam(params, lr=options.server_lr, foreach=True)
+        else:
+            self.optimizer = torch.optim.SGD(params, lr=options.server_lr, momentum=0.9, foreach=True)
         self.infer_graph = context.client_graph is None
         self.adjacency = (torch.zeros(n, n) if self.infer_graph
                           else context.client_graph.to(torch.float32).clone())
+        self._edges = self._prepare_edges()
         self.latest_delta = torch.zeros(0)
         self.rounds_seen = 0
         if self.infer_graph and self.uses_graph:
@@ -82,13 +85,16 @@ class Panacea(Method):
     def uses_graph(self) -> bool:
         return self.options.gnn != "none" or self.options.lambda_d > 0
 
-    def _client_embeddings(self, h0: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.encoder, GNNEncoder):
-            return self.encoder(h0, self.adjacency)
-        return self.encoder(h0)
+    def _prepare_edges(self) -> GraphEdges | None:
+        return self.encoder.prepare(self.adjacency) if isinstance(self.encoder, GNNEncoder) else None
 
-    def personalize(self, client_ids: torch.Tensor) -> torch.Tensor:
-        return self.hypernet(self._client_embeddings(self.embeddings.weight)[client_ids])
+    def _client_embeddings(self, h0: torch.Tensor) -> torch.Tensor:
+        if self._edges is None:
+            return self.encoder(h0)
+        return self.encoder(h0, self._edges)
+
+    def weights_from_embeddings(self, embeddings: torch.Tensor, client_ids: torch.Tensor) -> torch.Tensor:
+        return self.hypernet(self._client_embeddings(embeddings)[client_ids])
 
     def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
                metrics: dict[str, torch.Tensor]) -> None:
@@ -116,22 +122,14 @@ class Panacea(Method):
                 sub_graph = knn_graph(self.latest_delta[seen], min(self.options.knn, len(seen) - 1))
                 self.adjacency = torch.zeros_like(self.adjacency)
                 self.adjacency[seen.unsqueeze(1), seen.unsqueeze(0)] = sub_graph
+                self._edges = self._prepare_edges()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._edges = self._prepare_edges()
 
     def collaboration_graph(self) -> torch.Tensor | None:
         return self.adjacency.clone() if self.uses_graph else None
-
-    def supports_novel_adaptation(self) -> bool:
-        return True
-
-    def adapt_novel(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor) -> None:
-        # Only the novel clients' initial embeddings move; the encoder and hypernetwork stay frozen.
-        novel_h0 = self.embeddings.weight[client_ids].detach().requires_grad_(True)
-        optimizer = torch.optim.SGD([novel_h0], lr=self.options.novel_lr)
-        h0 = self.embeddings.weight.detach().index_put((client_ids,), novel_h0)
-        theta = self.hypernet(self._client_embeddings(h0)[client_ids])
-        hypergradient_step(optimizer, theta, delta / len(client_ids))
-        with torch.no_grad():
-            self.embeddings.weight[client_ids] = novel_h0
 
 
 class PanaceaGN(Panacea):

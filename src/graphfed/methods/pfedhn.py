@@ -13,7 +13,7 @@ from pydantic import Field
 from torch import nn
 
 from graphfed.core.hypergrad import hypergradient_step
-from graphfed.methods.base import Method, MethodContext, MethodOptions
+from graphfed.methods.base import EmbeddingHypernetwork, MethodContext, MethodOptions
 from graphfed.nn.hypernet import MLPHypernet
 
 
@@ -24,10 +24,10 @@ class PFedHNOptions(MethodOptions):
     server_lr: float = Field(default=1e-2, gt=0)
     momentum: float = Field(default=0.9, ge=0, lt=1)
     weight_decay: float = Field(default=1e-3, ge=0)
-    novel_lr: float = Field(default=1e-2, gt=0, description="embedding-only adaptation of novel clients")
+    novel_lr: float = Field(default=1e-2, gt=0, description="Adam lr of novel-client embedding adaptation")
 
 
-class PFedHN(Method):
+class PFedHN(EmbeddingHypernetwork):
     name = "pfedhn"
     summary = "MLP hypernetwork maps a learned client embedding to the client's weights"
     Options = PFedHNOptions
@@ -41,22 +41,12 @@ class PFedHN(Method):
         self.hypernet = MLPHypernet(dim, context.spec, options.hidden, options.num_layers)
         params = [*self.embeddings.parameters(), *self.hypernet.parameters()]
         self.optimizer = torch.optim.SGD(params, lr=options.server_lr, momentum=options.momentum,
-                                         weight_decay=options.weight_decay)
+                                         weight_decay=options.weight_decay, foreach=True)
 
-    def personalize(self, client_ids: torch.Tensor) -> torch.Tensor:
-        return self.hypernet(self.embeddings(client_ids))
+    def weights_from_embeddings(self, embeddings: torch.Tensor, client_ids: torch.Tensor) -> torch.Tensor:
+        return self.hypernet(embeddings[client_ids])
 
     def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
                metrics: dict[str, torch.Tensor]) -> None:
         # `sent` may be detached (it travelled to clients); regenerate it with the graph attached.
         hypergradient_step(self.optimizer, self.personalize(client_ids), delta / len(client_ids))
-
-    def supports_novel_adaptation(self) -> bool:
-        return True
-
-    def adapt_novel(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor) -> None:
-        embedding = self.embeddings.weight[client_ids].detach().requires_grad_(True)
-        optimizer = torch.optim.SGD([embedding], lr=self.options.novel_lr)
-        hypergradient_step(optimizer, self.hypernet(embedding), delta / len(client_ids))
-        with torch.no_grad():
-            self.embeddings.weight[client_ids] = embedding

@@ -199,6 +199,7 @@ class Simulator:
             return None, None
         saved = copy.deepcopy(method.state_dict())
         try:
+            method.begin_novel_adaptation(novel_ids)
             for step in range(rounds):
                 sent = method.personalize(novel_ids).detach()
                 generator = rng.generator(self.config.seed, step, "novel")
