@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,6 +20,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 console = Console()
 EXIT_CONFIG = 2  # invalid config, unknown method/dataset/model, bad --set
 EXIT_RUN = 3  # the run stopped (non-finite update, unusable checkpoint)
+EXIT_INTERRUPTED = 130
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -50,6 +50,9 @@ def _run_one(cfg: RunConfig, out: Path | None, resume: bool, progress: bool = Tr
         _fail(str(err), EXIT_CONFIG)
     except (FileNotFoundError, CheckpointError, ValueError) as err:
         _fail(str(err), EXIT_RUN)
+    except KeyboardInterrupt:
+        # Typer turns KeyboardInterrupt into a silent exit; say how to continue.
+        _fail(f"interrupted; the last checkpoint in {out} is kept, continue with --resume", EXIT_INTERRUPTED)
     if summary["status"] != "completed":
         _fail(f"{summary['status']} (summary in {out})", EXIT_RUN)
     return summary
@@ -157,11 +160,7 @@ def list_components() -> None:
 
 
 def main() -> None:
-    try:
-        app()
-    except KeyboardInterrupt:
-        typer.echo("interrupted; the last checkpoint is kept, continue with --resume", err=True)
-        sys.exit(130)
+    app()
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ def hypergradient_step(optimizer: torch.optim.Optimizer, sent: torch.Tensor, del
     same shape and is treated as a constant. ``extra_loss`` is a scalar computed on the server (e.g.
     Panacea's graph-reconstruction loss) whose ordinary gradient is added.
     """
+    if sign not in ("descent", "released"):
+        raise ValueError(f"hypergradient sign must be 'descent' or 'released', got {sign!r}")
     if sent.shape != delta.shape:
         raise ValueError(f"delta shape {tuple(delta.shape)} does not match sent shape {tuple(sent.shape)}")
     direction = delta.detach() if sign == "descent" else -delta.detach()

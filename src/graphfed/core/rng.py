@@ -9,9 +9,18 @@ import torch
 STREAMS = {"sampling": 1, "local_training": 2, "evaluation": 3, "method": 4, "init": 5, "novel": 6}
 
 
-def stream_seed(seed: int, round_index: int, purpose: str) -> int:
-    entropy = np.random.SeedSequence([seed, round_index + 1, STREAMS[purpose]])
+def stream_seed(seed: int, round_index: int, purpose: str, client: int | None = None) -> int:
+    """A 63-bit seed for one (run seed, round, purpose[, client]) stream."""
+    key = [seed, round_index + 1, STREAMS[purpose]]
+    if client is not None:
+        key.append(client + 1)
+    entropy = np.random.SeedSequence(key)
     return int(entropy.generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def client_seeds(seed: int, round_index: int, purpose: str, client_ids: torch.Tensor) -> list[int]:
+    """One stream per client, so a client draws the same numbers whether it trains alone or in a batch."""
+    return [stream_seed(seed, round_index, purpose, int(c)) for c in client_ids]
 
 
 def generator(seed: int, round_index: int, purpose: str) -> torch.Generator:

@@ -6,6 +6,7 @@ clients' padded splits. The Flower client runs exactly these functions with S = 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -29,16 +30,16 @@ class LocalTraining:
 def per_client_loss(outputs: torch.Tensor, targets: torch.Tensor, task: Task,
                     row_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Mean loss per client: ``outputs [S, B, out]``, ``targets [S, B, ...]`` -> ``[S]``."""
-    num_clients, batch = outputs.shape[:2]
     if task == "classification":
+        num_clients, batch = outputs.shape[:2]
         losses = F.cross_entropy(outputs.reshape(num_clients * batch, -1), targets.reshape(-1),
                                  reduction="none").view(num_clients, batch)
     else:
         losses = (outputs - targets.reshape(outputs.shape)).pow(2).flatten(2).mean(-1)
     if row_mask is None:
         return losses.mean(1)
-    mask = row_mask.to(losses.dtype)
-    return (losses * mask).sum(1) / mask.sum(1).clamp_min(1.0)
+    # where, not multiply: padding rows may hold anything (NaN * 0 is NaN).
+    return torch.where(row_mask, losses, 0.0).sum(1) / row_mask.sum(1).clamp_min(1)
 
 
 def _gather_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -48,41 +49,66 @@ def _gather_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return torch.gather(tensor, 1, expanded)
 
 
+def draw_batch_indices(counts: torch.Tensor, steps: int, batch_size: int,
+                       batch_seeds: Sequence[int]) -> torch.Tensor:
+    """``[S, steps, batch]`` row indices, uniform with replacement below each client's count.
+
+    Client ``i`` draws from its own generator seeded with ``batch_seeds[i]``, so its batches do not
+    depend on which other clients train alongside it (the simulator and a Flower client agree).
+    """
+    if len(batch_seeds) != len(counts):
+        raise ValueError(f"need one batch seed per client: {len(counts)} clients, {len(batch_seeds)} seeds")
+    uniform = torch.stack([torch.rand(steps, batch_size, generator=torch.Generator().manual_seed(int(seed)))
+                           for seed in batch_seeds]) if len(batch_seeds) else torch.zeros(0, steps, batch_size)
+    # Clients without rows get index 0 and are masked out of the forward pass below.
+    return (uniform * counts.clamp_min(1).to(torch.float32).view(-1, 1, 1)).long()
+
+
 def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data: ClientSplit,
-                  training: LocalTraining, task: Task, generator: torch.Generator,
+                  training: LocalTraining, task: Task, batch_seeds: Sequence[int],
                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Run ``training.steps`` SGD steps for every client (row of ``start``) simultaneously.
 
-    Mini-batches draw row indices uniformly (with replacement) below each client's sample count, from
-    ``generator``, so the draw is reproducible and identical whether clients run together or alone.
-    Returns the trained weights ``[S, dim]`` and per-client metrics (``loss_first``, ``loss_last``,
-    ``num_examples``).
+    Mini-batches come from :func:`draw_batch_indices` with one seed per client. Returns the trained
+    weights ``[S, dim]`` and per-client metrics (``loss_first``, ``loss_last``, ``num_examples``).
+    Clients with no training rows keep their start weights.
     """
     if start.shape != (data.num_clients, spec.dim):
         raise ValueError(f"start weights must be [{data.num_clients}, {spec.dim}], got {tuple(start.shape)}")
-    counts = data.counts.clamp_min(1).to(torch.float32).unsqueeze(1)
-    has_data = (data.counts > 0).to(torch.float32)
-    anchor = start.detach()
-    weights = start.detach().clone()
+    batch_index = draw_batch_indices(data.counts, training.steps, training.batch_size, batch_seeds)
+    has_rows = data.counts > 0
+    has_data = has_rows.to(torch.float32)
+    every_client_has_rows = bool(has_rows.all())
+    # One leaf per named tensor for the whole loop: slicing a flat row every step would add a backward
+    # node per tensor per step. Flattened once at the end.
+    anchor = spec.unflatten(start.detach())
+    weights = {name: value.clone() for name, value in anchor.items()}
     first_loss = last_loss = torch.zeros(data.num_clients)
     for step in range(training.steps):
-        index = (torch.rand(data.num_clients, training.batch_size, generator=generator) * counts).long()
+        index = batch_index[:, step]
         x_batch, y_batch = _gather_rows(data.x, index), _gather_rows(data.y, index)
-        weights.requires_grad_(True)
-        losses = per_client_loss(model.batched_forward(spec.unflatten(weights), x_batch), y_batch, task)
+        if not every_client_has_rows:  # never let a client without rows read its padding
+            x_batch = torch.where(has_rows.view(-1, *[1] * (x_batch.ndim - 1)), x_batch, 0.0)
+            y_batch = torch.where(has_rows.view(-1, *[1] * (y_batch.ndim - 1)), y_batch, 0).to(y_batch.dtype)
+        leaves = [value.requires_grad_(True) for value in weights.values()]
+        losses = per_client_loss(model.batched_forward(weights, x_batch), y_batch, task)
         objective = losses
         if training.prox_mu > 0:
-            objective = objective + 0.5 * training.prox_mu * (weights - anchor).pow(2).sum(1)
-        # Clients own disjoint rows of `weights`, so the gradient of the sum is each client's own gradient.
-        (gradient,) = torch.autograd.grad((objective * has_data).sum(), weights)
+            distance = sum((weights[n] - anchor[n]).pow(2).flatten(1).sum(1) for n in weights)
+            objective = objective + 0.5 * training.prox_mu * distance
+        # Clients own disjoint slices of every leaf, so the gradient of the sum is each client's own gradient.
+        total = objective.sum() if every_client_has_rows else (objective * has_data).sum()
+        gradients = torch.autograd.grad(total, leaves)
         with torch.no_grad():
-            weights = weights - training.lr * gradient
+            weights = {name: leaf - training.lr * grad
+                       for (name, leaf), grad in zip(weights.items(), gradients, strict=True)}
         if step == 0:
             first_loss = losses.detach()
-        last_loss = losses.detach()
-    metrics = {"loss_first": first_loss, "loss_last": last_loss,
+        if step == training.steps - 1:
+            last_loss = losses.detach()
+    metrics = {"loss_first": first_loss * has_data, "loss_last": last_loss * has_data,
                "num_examples": data.counts.to(torch.float32)}
-    return weights.detach(), metrics
+    return spec.flatten(weights, batch_dims=1), metrics
 
 
 @dataclass
@@ -116,7 +142,7 @@ def evaluate_clients(model: TargetModel, spec: ParamSpec, weights: torch.Tensor,
             elements += float(part.counts.sum())
         else:
             sq = (outputs - part.y.reshape(outputs.shape)).pow(2).flatten(2)
-            per_row = sq.sum(-1) * mask
+            per_row = torch.where(mask, sq.sum(-1), 0.0)
             width = sq.shape[-1]
             metric_parts.append(per_row.sum(1) / (rows * width))
             correct_or_sq += float(per_row.sum())

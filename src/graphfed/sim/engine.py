@@ -45,14 +45,17 @@ class InvalidUpdateError(ValueError):
     """A client update has the wrong shape."""
 
 
-def check_update(delta: torch.Tensor, client_ids: torch.Tensor, dim: int, round_index: int) -> None:
-    """Reject wrong-shaped or non-finite updates, naming the offending clients."""
-    if delta.ndim != 2 or delta.shape != (len(client_ids), dim):
-        raise InvalidUpdateError(f"round {round_index}: update shape {tuple(delta.shape)} != "
+def check_update(update: torch.Tensor, client_ids: torch.Tensor, dim: int, round_index: int) -> None:
+    """Reject wrong-shaped or non-finite client weights/updates, naming the offending clients.
+
+    ``round_index`` is 0-based; messages number rounds from 1, as ``rounds.jsonl`` does.
+    """
+    if update.ndim != 2 or update.shape != (len(client_ids), dim):
+        raise InvalidUpdateError(f"round {round_index + 1}: client update shape {tuple(update.shape)}, "
                                  f"({len(client_ids)}, {dim}) expected")
-    bad = ~torch.isfinite(delta).all(dim=1)
+    bad = ~torch.isfinite(update).all(dim=1)
     if bad.any():
-        raise NonFiniteUpdateError(f"round {round_index}: non-finite (NaN/Inf) update from client(s) "
+        raise NonFiniteUpdateError(f"round {round_index + 1}: non-finite (NaN/Inf) update from client(s) "
                                    f"{client_ids[bad].tolist()}")
 
 
@@ -133,30 +136,32 @@ class Simulator:
         order = torch.randperm(len(train_ids), generator=rng.generator(self.config.seed, round_index, "sampling"))
         return train_ids[order[:per_round]].sort().values
 
-    def local_train(self, start: torch.Tensor, client_ids: torch.Tensor, generator: torch.Generator,
+    def local_train(self, start: torch.Tensor, client_ids: torch.Tensor, round_index: int, purpose: str,
                     steps: int | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Train ``client_ids`` from ``start``; mini-batches come from per-client (round, purpose) streams."""
         training = self.training if steps is None else LocalTraining(
             steps, self.training.batch_size, self.training.lr, self.training.prox_mu)
         s = self.setup
-        return train_clients(s.model, s.spec, start, s.federation.train.select(client_ids), training,
-                             s.federation.task, generator)
+        seeds = rng.client_seeds(self.config.seed, round_index, purpose, client_ids)
+        trained, metrics = train_clients(s.model, s.spec, start, s.federation.train.select(client_ids), training,
+                                         s.federation.task, seeds)
+        check_update(trained, client_ids, s.spec.dim, round_index)
+        return trained, metrics
 
     def run_round(self, round_index: int) -> dict[str, float]:
         method, spec = self.setup.method, self.setup.spec
         client_ids = self.sample_clients(round_index)
         sent = method.personalize(client_ids).detach()
         if not torch.isfinite(sent).all():
-            raise NonFiniteUpdateError(f"round {round_index}: the server produced non-finite weights")
-        trained, metrics = self.local_train(sent, client_ids,
-                                            rng.generator(self.config.seed, round_index, "local_training"))
+            raise NonFiniteUpdateError(f"round {round_index + 1}: the server produced non-finite weights")
+        trained, metrics = self.local_train(sent, client_ids, round_index, "local_training")
         delta = sent - trained
-        check_update(delta, client_ids, spec.dim, round_index)
         method.update(client_ids, sent, delta, metrics)
         self.tracker.bytes_down += len(client_ids) * spec.dim * BYTES_PER_VALUE
         self.tracker.bytes_up += len(client_ids) * spec.dim * BYTES_PER_VALUE
         loss = float(metrics["loss_last"].mean())
         if not math.isfinite(loss):
-            raise NonFiniteUpdateError(f"round {round_index}: non-finite training loss")
+            raise NonFiniteUpdateError(f"round {round_index + 1}: non-finite training loss")
         return {"train_loss": loss}
 
     def personalized_weights(self, client_ids: torch.Tensor, round_index: int) -> torch.Tensor:
@@ -164,8 +169,8 @@ class Simulator:
         method = self.setup.method
         weights = method.eval_weights(client_ids)
         if method.eval_finetune_steps:
-            generator = rng.generator(self.config.seed, round_index, "evaluation")
-            weights, _ = self.local_train(weights, client_ids, generator, steps=method.eval_finetune_steps)
+            weights, _ = self.local_train(weights, client_ids, round_index, "evaluation",
+                                          steps=method.eval_finetune_steps)
         return weights
 
     def score(self, weights: torch.Tensor, client_ids: torch.Tensor, split: str) -> ClientScores:
@@ -202,10 +207,8 @@ class Simulator:
             method.begin_novel_adaptation(novel_ids)
             for step in range(rounds):
                 sent = method.personalize(novel_ids).detach()
-                generator = rng.generator(self.config.seed, step, "novel")
-                trained, _ = self.local_train(sent, novel_ids, generator)
+                trained, _ = self.local_train(sent, novel_ids, step, "novel")
                 delta = sent - trained
-                check_update(delta, novel_ids, self.setup.spec.dim, step)
                 method.adapt_novel(novel_ids, sent, delta)
             scores = self.score(method.eval_weights(novel_ids), novel_ids, "test")
             return _mean_std(scores.metric)

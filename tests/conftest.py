@@ -1,0 +1,85 @@
+"""Shared fixtures: tiny run configs that finish in about a second on one CPU core."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from graphfed.config import RunConfig, load_config
+
+#: A federation and training budget small enough for unit tests, big enough to learn something.
+TINY_BASE: list[str] = [
+    "dataset.name=fln",
+    "dataset.num_clients=12",
+    "train.rounds=10",
+    "train.local_steps=5",
+    "train.batch_size=16",
+    "train.clients_per_round=4",
+    "train.eval_every=5",
+    "train.checkpoint_every=5",
+    "train.novel_adapt_rounds=2",
+    "model.options={hidden: 8}",
+]
+
+#: Small server-side networks per method family, so hypernetwork methods stay fast.
+TINY_METHOD_OPTIONS: dict[str, str] = {
+    "pfedhn": "method.options={hidden: 16, embedding_dim: 4}",
+    "panacea": "method.options={embedding_dim: 8, gnn_hidden: 16, hypernet_hidden: 16, server_steps: 2}",
+    "panacea-gn": "method.options={embedding_dim: 8, gnn_hidden: 16, hypernet_hidden: 16, server_steps: 2}",
+    "panacea-mlp": "method.options={embedding_dim: 8, hypernet_hidden: 16, server_steps: 2}",
+}
+
+ConfigFactory = Callable[..., RunConfig]
+
+
+def tiny_overrides(method: str = "fedavg", *overrides: str) -> list[str]:
+    """The ``--set`` list of a tiny run of ``method``; later ``overrides`` win."""
+    extra = [TINY_METHOD_OPTIONS[method]] if method in TINY_METHOD_OPTIONS else []
+    return [*TINY_BASE, f"method.name={method}", *extra, *overrides]
+
+
+@pytest.fixture
+def make_config() -> ConfigFactory:
+    """Factory: ``make_config("panacea", "train.rounds=4")`` -> a validated tiny ``RunConfig``."""
+
+    def make(method: str = "fedavg", *overrides: str) -> RunConfig:
+        return load_config(None, tiny_overrides(method, *overrides))
+
+    return make
+
+
+def read_rounds(out_dir: Path) -> list[dict[str, Any]]:
+    """The records of ``rounds.jsonl`` in order."""
+    return [json.loads(line) for line in (out_dir / "rounds.jsonl").read_text().splitlines() if line.strip()]
+
+
+def without_wall_time(record: dict[str, Any]) -> dict[str, Any]:
+    """A summary or round record minus the wall-clock field, the only one allowed to differ between runs."""
+    return {key: value for key, value in record.items() if key != "wall_seconds"}
+
+
+@pytest.fixture(autouse=True)
+def _restore_root_logging() -> Iterator[None]:
+    """The CLI reconfigures the root logger (``basicConfig(force=True)``) onto CliRunner's temporary streams;
+    put the original handlers back so later tests never log into a closed stream."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _single_torch_thread() -> Iterator[None]:
+    """Tiny models gain nothing from intra-op threads, and on a shared 2-core machine OpenMP spin-waiting makes
+    them up to 10x slower; one thread keeps the suite fast and its timing stable."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -1,0 +1,344 @@
+"""The vectorised client loop and evaluation against a plain one-module-per-client reference."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from graphfed.core.params import ParamSpec
+from graphfed.data.federation import ClientSplit, Task
+from graphfed.models.base import TargetModel
+from graphfed.models.cnn import SmallCNN
+from graphfed.models.mlp import MLP
+from graphfed.sim.client import LocalTraining, draw_batch_indices, evaluate_clients, train_clients
+
+COUNTS = [3, 11, 7, 20]  # different sample counts per client; 20 rows after padding
+SEED = 1234
+
+
+@dataclass
+class Case:
+    """A tiny federation of 4 clients plus the model family that trains on it."""
+
+    name: str
+    task: Task
+    make_model: Callable[[], TargetModel]
+    data: ClientSplit
+
+
+def _split(counts: list[int], feature_shape: tuple[int, ...], task: Task, out: int, seed: int) -> ClientSplit:
+    g = torch.Generator().manual_seed(seed)
+    width = max(counts)
+    x = torch.randn(len(counts), width, *feature_shape, generator=g)
+    if task == "classification":
+        y = torch.randint(0, out, (len(counts), width), generator=g)
+    else:
+        y = torch.randn(len(counts), width, out, generator=g)
+    mask = torch.arange(width).unsqueeze(0) < torch.tensor(counts).unsqueeze(1)
+    # padding as ClientSplit.from_lists makes it: zeros
+    x = x * mask.view(*mask.shape, *([1] * len(feature_shape)))
+    y = y * (mask if task == "classification" else mask.unsqueeze(-1))
+    return ClientSplit(x, y, torch.tensor(counts))
+
+
+def _mlp_classifier() -> TargetModel:
+    torch.manual_seed(0)
+    return MLP(5, 3, hidden=8)
+
+
+def _mlp_regressor() -> TargetModel:
+    torch.manual_seed(0)
+    return MLP(4, 2, hidden=8)
+
+
+def _cnn() -> TargetModel:
+    torch.manual_seed(0)
+    return SmallCNN((1, 8, 8), 3, channels=2, hidden=8)
+
+
+def make_case(name: str, counts: list[int] | None = None) -> Case:
+    counts = counts or COUNTS
+    if name == "mlp":
+        return Case(name, "classification", _mlp_classifier, _split(counts, (5,), "classification", 3, 7))
+    if name == "mlp-regression":
+        return Case(name, "regression", _mlp_regressor, _split(counts, (4,), "regression", 2, 8))
+    return Case(name, "classification", _cnn, _split(counts, (1, 8, 8), "classification", 3, 9))
+
+
+CASES = ["mlp", "mlp-regression", "cnn"]
+
+
+def start_weights(model: TargetModel, spec: ParamSpec, num_clients: int) -> torch.Tensor:
+    """Different starting weights per client: the model's init plus a client-specific perturbation."""
+    g = torch.Generator().manual_seed(5)
+    return spec.flatten_module(model) + 0.05 * torch.randn(num_clients, spec.dim, generator=g)
+
+
+def load_row(model: TargetModel, spec: ParamSpec, row: torch.Tensor) -> None:
+    with torch.no_grad():
+        for name, value in spec.unflatten(row).items():
+            model.get_parameter(name).copy_(value)
+
+
+def direct_loss(output: torch.Tensor, target: torch.Tensor, task: Task) -> torch.Tensor:
+    if task == "classification":
+        return F.cross_entropy(output, target)
+    return (output - target.reshape(output.shape)).pow(2).mean()
+
+
+def reference_training(case: Case, start: torch.Tensor, training: LocalTraining,
+                       seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One nn.Module + torch.optim.SGD per client, the same index draw, clients updated one by one.
+
+    Returns (trained weights [S, dim], first-step loss [S], last-step loss [S]).
+    """
+    data = case.data
+    spec = ParamSpec.from_module(case.make_model())
+    modules, optimizers = [], []
+    for s in range(data.num_clients):
+        module = case.make_model()
+        load_row(module, spec, start[s])
+        modules.append(module)
+        optimizers.append(torch.optim.SGD(module.parameters(), lr=training.lr))
+    batch_index = draw_batch_indices(data.counts, training.steps, training.batch_size,
+                                     client_seeds(seed, data.num_clients))
+    first = torch.zeros(data.num_clients)
+    last = torch.zeros(data.num_clients)
+    for step in range(training.steps):
+        index = batch_index[:, step]
+        for s, (module, optimizer) in enumerate(zip(modules, optimizers, strict=True)):
+            if int(data.counts[s]) == 0:
+                continue
+            loss = direct_loss(module(data.x[s, index[s]]), data.y[s, index[s]], case.task)
+            objective = loss
+            if training.prox_mu > 0:
+                current = spec.flatten(dict(module.named_parameters()))
+                objective = loss + 0.5 * training.prox_mu * (current - start[s]).pow(2).sum()
+            optimizer.zero_grad()
+            objective.backward()
+            optimizer.step()
+            if step == 0:
+                first[s] = loss.detach()
+            last[s] = loss.detach()
+    trained = torch.stack([spec.flatten_module(module) for module in modules])
+    return trained, first, last
+
+
+def client_seeds(seed: int, num_clients: int) -> list[int]:
+    """Distinct per-client batch seeds derived from one test seed."""
+    return [1000 * seed + client for client in range(num_clients)]
+
+
+def run_vectorised(case: Case, training: LocalTraining, seed: int = SEED,
+                   data: ClientSplit | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+    model = case.make_model()
+    spec = ParamSpec.from_module(model)
+    data = data if data is not None else case.data
+    start = start_weights(model, spec, data.num_clients)
+    trained, metrics = train_clients(model, spec, start, data, training, case.task,
+                                     client_seeds(seed, data.num_clients))
+    return trained, metrics, start
+
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("prox_mu", [0.0, 0.5])
+def test_train_clients_matches_a_plain_per_client_loop(name: str, prox_mu: float) -> None:
+    """Vectorised training == per-client SGD with the same mini-batch indices, to 1e-5 (weights and losses)."""
+    case = make_case(name)
+    training = LocalTraining(steps=6, batch_size=5, lr=0.1, prox_mu=prox_mu)
+    trained, metrics, start = run_vectorised(case, training)
+    expected, first, last = reference_training(case, start, training, SEED)
+    assert not torch.allclose(trained, start)  # training moved the weights at all
+    torch.testing.assert_close(trained, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(metrics["loss_first"], first, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(metrics["loss_last"], last, atol=1e-5, rtol=1e-5)
+    assert metrics["num_examples"].tolist() == [float(c) for c in COUNTS]
+
+
+def test_training_is_reproducible_from_the_generator_seed() -> None:
+    """Same generator seed -> bit-identical weights; another seed -> different mini-batches, other weights."""
+    case = make_case("mlp")
+    training = LocalTraining(steps=4, batch_size=3, lr=0.1)
+    a, _, _ = run_vectorised(case, training, seed=1)
+    b, _, _ = run_vectorised(case, training, seed=1)
+    c, _, _ = run_vectorised(case, training, seed=2)
+    assert torch.equal(a, b)
+    assert not torch.allclose(a, c)
+
+
+def test_start_shape_is_checked() -> None:
+    """Start weights that are not [clients, dim] are rejected with the expected shape in the message."""
+    case = make_case("mlp")
+    model = case.make_model()
+    spec = ParamSpec.from_module(model)
+    with pytest.raises(ValueError, match=rf"\[4, {spec.dim}\]"):
+        train_clients(model, spec, torch.zeros(3, spec.dim), case.data, LocalTraining(1, 2, 0.1),
+                      case.task, client_seeds(SEED, 3))
+
+
+def test_client_trained_alone_matches_its_row_when_trained_with_others() -> None:
+    """A client's mini-batches come from its own seed: trained alone it matches its row trained with others.
+
+    The Flower client runs S = 1; its result must equal the simulator's row for that client.
+    """
+    case = make_case("mlp")
+    model = case.make_model()
+    spec = ParamSpec.from_module(model)
+    training = LocalTraining(steps=4, batch_size=5, lr=0.1)
+    start = start_weights(model, spec, 4)
+    seeds = client_seeds(SEED, 4)
+    together, _ = train_clients(model, spec, start, case.data, training, case.task, seeds)
+    client = torch.tensor([2])
+    alone, _ = train_clients(model, spec, start[client], case.data.select(client), training, case.task, [seeds[2]])
+    torch.testing.assert_close(alone[0], together[2], atol=1e-6, rtol=1e-6)
+
+
+def test_prox_term_keeps_weights_closer_to_the_start() -> None:
+    """With prox_mu > 0 every client ends nearer its starting weights than with prox_mu = 0."""
+    case = make_case("mlp")
+    free, _, start = run_vectorised(case, LocalTraining(steps=20, batch_size=5, lr=0.2, prox_mu=0.0))
+    pulled, _, _ = run_vectorised(case, LocalTraining(steps=20, batch_size=5, lr=0.2, prox_mu=2.0))
+    free_distance = (free - start).norm(dim=1)
+    pulled_distance = (pulled - start).norm(dim=1)
+    assert torch.all(pulled_distance < free_distance)
+
+
+def test_client_without_training_rows_keeps_its_weights() -> None:
+    """A client with zero rows is not trained: its row comes back exactly as sent; the others still train."""
+    case = make_case("mlp", counts=[3, 0, 7, 20])
+    trained, _, start = run_vectorised(case, LocalTraining(steps=5, batch_size=4, lr=0.1))
+    assert torch.equal(trained[1], start[1])
+    assert all(not torch.allclose(trained[s], start[s]) for s in (0, 2, 3))
+
+
+def _repad(data: ClientSplit, fill: Callable[[torch.Tensor], torch.Tensor], task: Task) -> ClientSplit:
+    """The same split with every padding row (x and y) replaced by ``fill(like)``."""
+    mask = data.mask()
+    x_mask = mask.view(*mask.shape, *([1] * (data.x.ndim - 2)))
+    x = torch.where(x_mask, data.x, fill(data.x))
+    if task == "classification":
+        y = torch.where(mask, data.y, torch.randint_like(data.y, 0, 3))
+    else:
+        y = torch.where(mask.view(*mask.shape, *([1] * (data.y.ndim - 2))), data.y, fill(data.y))
+    return ClientSplit(x, y, data.counts)
+
+
+def _random_fill(like: torch.Tensor) -> torch.Tensor:
+    return 50.0 * torch.randn(like.shape, generator=torch.Generator().manual_seed(99))
+
+
+def _nan_fill(like: torch.Tensor) -> torch.Tensor:
+    return torch.full_like(like, float("nan"))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_padding_values_never_influence_training(name: str) -> None:
+    """Replacing padding rows by arbitrary values leaves trained weights and losses of real clients unchanged."""
+    case = make_case(name, counts=[3, 11, 0, 20])
+    training = LocalTraining(steps=5, batch_size=6, lr=0.1)
+    base, base_metrics, start = run_vectorised(case, training)
+    repadded, metrics, _ = run_vectorised(case, training, data=_repad(case.data, _random_fill, case.task))
+    assert torch.equal(repadded, base)
+    assert torch.equal(repadded[2], start[2])
+    for key in ("loss_first", "loss_last"):
+        assert torch.equal(metrics[key][[0, 1, 3]], base_metrics[key][[0, 1, 3]])
+
+
+def test_nan_padding_is_never_read_by_training() -> None:
+    """federation.py promises 'padding rows are never read'. A client with no training rows must come back
+    unchanged (and finite) even when the padding holds NaN; today its padding row 0 is drawn, and NaN * 0
+    in the masked gradient turns its weights into NaN."""
+    case = make_case("mlp", counts=[3, 11, 0, 20])
+    training = LocalTraining(steps=3, batch_size=4, lr=0.1)
+    base, _, start = run_vectorised(case, training)
+    trained, _, _ = run_vectorised(case, training, data=_repad(case.data, _nan_fill, case.task))
+    assert torch.equal(trained[2], start[2])
+    assert torch.equal(trained, base)
+
+
+def direct_scores(case: Case, weights: torch.Tensor) -> tuple[list[float], list[float], float]:
+    """Per-client metric and loss from each client's unpadded rows, and the sample-pooled metric."""
+    spec = ParamSpec.from_module(case.make_model())
+    metrics, losses, total, elements = [], [], 0.0, 0.0
+    for s in range(case.data.num_clients):
+        x, y = case.data.client(s)
+        module = case.make_model()
+        load_row(module, spec, weights[s])
+        with torch.no_grad():
+            out = module(x)
+        if case.task == "classification":
+            hits = float((out.argmax(-1) == y).sum())
+            metrics.append(hits / len(y))
+            total += hits
+            elements += len(y)
+        else:
+            sq = (out - y).pow(2)
+            metrics.append(float(sq.mean()))
+            total += float(sq.sum())
+            elements += sq.numel()
+        with torch.no_grad():
+            losses.append(float(direct_loss(out, y, case.task)))
+    return metrics, losses, total / elements
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_evaluate_clients_matches_direct_computation(name: str) -> None:
+    """Accuracy / MSE and loss of each client equal a direct computation on its own unpadded rows."""
+    case = make_case(name)
+    model = case.make_model()
+    spec = ParamSpec.from_module(model)
+    weights = start_weights(model, spec, 4) + 0.5 * torch.randn(4, spec.dim, generator=torch.Generator().manual_seed(3))
+    scores = evaluate_clients(model, spec, weights, case.data, case.task)
+    metrics, losses, pooled = direct_scores(case, weights)
+    torch.testing.assert_close(scores.metric, torch.tensor(metrics), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(scores.loss, torch.tensor(losses), atol=1e-5, rtol=1e-5)
+    assert scores.pooled == pytest.approx(pooled, rel=1e-5)
+    assert scores.counts.tolist() == COUNTS
+    if case.task == "classification":
+        assert len(set(metrics)) > 1  # the clients really are scored separately
+
+
+def test_evaluation_in_chunks_equals_evaluation_in_one_pass() -> None:
+    """Chunking over clients (max_elements) does not change any score."""
+    case = make_case("cnn")
+    model = case.make_model()
+    spec = ParamSpec.from_module(model)
+    weights = start_weights(model, spec, 4)
+    whole = evaluate_clients(model, spec, weights, case.data, case.task)
+    chunked = evaluate_clients(model, spec, weights, case.data, case.task, max_elements=1)
+    torch.testing.assert_close(chunked.metric, whole.metric)
+    torch.testing.assert_close(chunked.loss, whole.loss)
+    assert chunked.pooled == pytest.approx(whole.pooled)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_padding_values_never_influence_evaluation(name: str) -> None:
+    """Arbitrary finite padding values change no metric, loss or pooled figure."""
+    case = make_case(name)
+    model = case.make_model()
+    spec = ParamSpec.from_module(model)
+    weights = start_weights(model, spec, 4)
+    base = evaluate_clients(model, spec, weights, case.data, case.task)
+    repadded = evaluate_clients(model, spec, weights, _repad(case.data, _random_fill, case.task), case.task)
+    torch.testing.assert_close(repadded.metric, base.metric)
+    torch.testing.assert_close(repadded.loss, base.loss)
+    assert repadded.pooled == pytest.approx(base.pooled)
+
+
+@pytest.mark.parametrize("name", ["mlp", "mlp-regression"])
+def test_nan_padding_never_influences_evaluation(name: str) -> None:
+    """'Evaluation masks rows >= counts[i]' must hold for NaN padding too. Today the mask is applied by
+    multiplication (NaN * 0 = NaN), so the loss (classification) and the MSE itself (regression) become NaN."""
+    case = make_case(name)
+    model = case.make_model()
+    spec = ParamSpec.from_module(model)
+    weights = start_weights(model, spec, 4)
+    base = evaluate_clients(model, spec, weights, case.data, case.task)
+    repadded = evaluate_clients(model, spec, weights, _repad(case.data, _nan_fill, case.task), case.task)
+    torch.testing.assert_close(repadded.metric, base.metric)
+    torch.testing.assert_close(repadded.loss, base.loss)
+    assert repadded.pooled == pytest.approx(base.pooled)
