@@ -17,7 +17,7 @@ from graphfed.data import build_federation
 from graphfed.data.federation import ClientSplit, Federation
 from graphfed.models import build_model
 from graphfed.sim import checkpoint as io
-from graphfed.sim import engine
+from graphfed.sim import executor as executor_module
 from graphfed.sim.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from graphfed.sim.engine import InvalidUpdateError, NonFiniteUpdateError, Simulator, check_update, run_config
 
@@ -121,7 +121,7 @@ def test_resume_from_a_truncated_checkpoint_is_refused(make_config: ConfigFactor
 
 def inject_nan(monkeypatch: pytest.MonkeyPatch, at_call: int, row: int) -> None:
     """Make the engine's ``train_clients`` return NaN weights for ``row`` on its ``at_call``-th call (0-based)."""
-    original = engine.train_clients
+    original = executor_module.train_clients
     calls = {"n": 0}
 
     def train_clients(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -132,7 +132,7 @@ def inject_nan(monkeypatch: pytest.MonkeyPatch, at_call: int, row: int) -> None:
         calls["n"] += 1
         return trained, metrics
 
-    monkeypatch.setattr(engine, "train_clients", train_clients)
+    monkeypatch.setattr(executor_module, "train_clients", train_clients)
 
 
 NAN_ROUND_INDEX = 7  # the 8th round; checkpoints after rounds 5 and 10
@@ -195,13 +195,13 @@ def test_engine_rejects_a_wrong_shaped_update(make_config: ConfigFactory, monkey
     """Trained weights of the wrong shape coming back from the clients are rejected by the round loop with
     InvalidUpdateError before the method sees them: neither a raw broadcasting RuntimeError (one value short)
     nor a silent broadcast of one client's row over all sampled clients (one row only)."""
-    original = engine.train_clients
+    original = executor_module.train_clients
 
     def wrong_shape(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         trained, metrics = original(*args, **kwargs)
         return (trained[:, :-1] if reshape == "one_value_short" else trained[:1]), metrics
 
-    monkeypatch.setattr(engine, "train_clients", wrong_shape)
+    monkeypatch.setattr(executor_module, "train_clients", wrong_shape)
     simulator = Simulator(make_config("fedavg"), progress=False)
     before = simulator.setup.method.state_dict()
     with pytest.raises(InvalidUpdateError, match=r"round .*expected"):

@@ -115,13 +115,13 @@ def test_novel_adaptation_changes_the_novel_clients_weights(make_config: ConfigF
     novel = simulator.setup.federation.novel_client_ids
     before = method.eval_weights(ids)
     scored: list[torch.Tensor] = []
-    original_score = Simulator.score
+    original_evaluate = simulator.executor.evaluate
 
-    def spy(self: Simulator, weights: torch.Tensor, client_ids: torch.Tensor, split: str) -> Any:
+    def spy(client_ids: torch.Tensor, weights: torch.Tensor, round_index: int, finetune_steps: int = 0) -> Any:
         scored.append(method.eval_weights(ids))
-        return original_score(self, weights, client_ids, split)
+        return original_evaluate(client_ids, weights, round_index, finetune_steps)
 
-    monkeypatch.setattr(Simulator, "score", spy)
+    monkeypatch.setattr(simulator.executor, "evaluate", spy)
     simulator.evaluate_novel_adapted()
     assert len(scored) == 1
     adapted = scored[0]
@@ -147,7 +147,8 @@ def test_fedavg_global_model_is_the_sample_weighted_mean_of_trained_models(make_
     method = simulator.setup.method
     ids = simulator.sample_clients(0)
     sent = method.personalize(ids)
-    trained, metrics = simulator.local_train(sent, ids, 0, "local_training")
+    result = simulator.executor.train(ids, sent, 0, "local_training")
+    trained, metrics = result.trained, result.metrics
     counts = metrics["num_examples"]
     assert len(set(counts.tolist())) > 1  # unequal clients, so weighting matters
     method.update(ids, sent, sent - trained, metrics)
@@ -162,7 +163,8 @@ def test_local_only_changes_the_clients_that_trained(make_config: ConfigFactory)
     initial = method.eval_weights(all_ids(simulator))
     ids = simulator.sample_clients(0)
     sent = method.personalize(ids)
-    trained, metrics = simulator.local_train(sent, ids, 0, "local_training")
+    result = simulator.executor.train(ids, sent, 0, "local_training")
+    trained, metrics = result.trained, result.metrics
     method.update(ids, sent, sent - trained, metrics)
     after = method.eval_weights(all_ids(simulator))
     untouched = torch.ones(len(after), dtype=torch.bool)

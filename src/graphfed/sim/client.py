@@ -113,12 +113,32 @@ def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data
 
 @dataclass
 class ClientScores:
-    """Per-client evaluation of personalised weights on one split."""
+    """Per-client evaluation of personalised weights on one split.
+
+    ``metric_sum`` / ``metric_elements`` are each client's numerator and denominator (correct predictions
+    and rows, or squared errors and values), so scores computed on different machines can be merged and
+    pooled exactly.
+    """
 
     metric: torch.Tensor  # [N] accuracy or MSE of each client
     loss: torch.Tensor  # [N]
-    pooled: float  # the metric over all samples pooled together
-    counts: torch.Tensor  # [N]
+    counts: torch.Tensor  # [N] rows per client
+    metric_sum: torch.Tensor  # [N]
+    metric_elements: torch.Tensor  # [N]
+
+    @property
+    def pooled(self) -> float:
+        """The metric over all samples of these clients pooled together."""
+        return float(self.metric_sum.double().sum() / self.metric_elements.double().sum().clamp_min(1.0))
+
+    def select(self, index: torch.Tensor) -> ClientScores:
+        return ClientScores(self.metric[index], self.loss[index], self.counts[index], self.metric_sum[index],
+                            self.metric_elements[index])
+
+    @staticmethod
+    def concat(parts: list[ClientScores]) -> ClientScores:
+        return ClientScores(*(torch.cat([getattr(p, name) for p in parts]) for name in
+                              ("metric", "loss", "counts", "metric_sum", "metric_elements")))
 
 
 @torch.no_grad()
@@ -127,25 +147,21 @@ def evaluate_clients(model: TargetModel, spec: ParamSpec, weights: torch.Tensor,
     """Each client's metric with its own weights on its own rows (padding rows masked out)."""
     per_client_rows = max(1, data.x[0].numel())
     chunk = max(1, max_elements // per_client_rows)
-    metric_parts, loss_parts, correct_or_sq, elements = [], [], 0.0, 0.0
+    parts = []
     for lo in range(0, data.num_clients, chunk):
         hi = min(lo + chunk, data.num_clients)
         part = ClientSplit(data.x[lo:hi], data.y[lo:hi], data.counts[lo:hi])
         mask = part.mask()
         outputs = model.batched_forward(spec.unflatten(weights[lo:hi]), part.x)
-        loss_parts.append(per_client_loss(outputs, part.y, task, mask))
-        rows = part.counts.to(torch.float32).clamp_min(1.0)
+        rows = part.counts.to(torch.float32)
         if task == "classification":
-            hits = ((outputs.argmax(-1) == part.y) & mask).to(torch.float32).sum(1)
-            metric_parts.append(hits / rows)
-            correct_or_sq += float(hits.sum())
-            elements += float(part.counts.sum())
+            metric_sum = ((outputs.argmax(-1) == part.y) & mask).to(torch.float32).sum(1)
+            metric_elements = rows
         else:
             sq = (outputs - part.y.reshape(outputs.shape)).pow(2).flatten(2)
-            per_row = torch.where(mask, sq.sum(-1), 0.0)
-            width = sq.shape[-1]
-            metric_parts.append(per_row.sum(1) / (rows * width))
-            correct_or_sq += float(per_row.sum())
-            elements += float(part.counts.sum()) * width
-    return ClientScores(metric=torch.cat(metric_parts), loss=torch.cat(loss_parts),
-                        pooled=correct_or_sq / max(elements, 1.0), counts=data.counts)
+            metric_sum = torch.where(mask, sq.sum(-1), 0.0).sum(1)
+            metric_elements = rows * sq.shape[-1]
+        parts.append(ClientScores(metric=metric_sum / metric_elements.clamp_min(1.0),
+                                  loss=per_client_loss(outputs, part.y, task, mask), counts=part.counts,
+                                  metric_sum=metric_sum, metric_elements=metric_elements))
+    return ClientScores.concat(parts)

@@ -30,7 +30,8 @@ from graphfed.methods.base import Method, MethodContext
 from graphfed.models import build_model
 from graphfed.models.base import TargetModel
 from graphfed.sim import checkpoint as io
-from graphfed.sim.client import ClientScores, LocalTraining, evaluate_clients, train_clients
+from graphfed.sim.client import ClientScores, LocalTraining
+from graphfed.sim.executor import ClientExecutor, ClientRuntime
 
 log = logging.getLogger("graphfed")
 
@@ -68,6 +69,11 @@ class Setup:
     model: TargetModel
     spec: ParamSpec
     method: Method
+
+
+def local_training(config: RunConfig, method: Method) -> LocalTraining:
+    """How clients train under ``config`` for ``method`` (its objective may add a proximal term)."""
+    return LocalTraining(config.train.local_steps, config.train.batch_size, config.train.lr, method.prox_mu)
 
 
 def build_setup(config: RunConfig, federation: Federation | None = None) -> Setup:
@@ -116,14 +122,15 @@ class Simulator:
     """Runs one config to completion, writing to ``out_dir`` (``None``: in memory only)."""
 
     def __init__(self, config: RunConfig, out_dir: str | Path | None = None,
-                 federation: Federation | None = None, progress: bool = True) -> None:
+                 federation: Federation | None = None, progress: bool = True,
+                 executor: ClientExecutor | None = None) -> None:
         self.config = config
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.progress = progress
         self.setup = build_setup(config, federation)
         fed = self.setup.federation
-        self.training = LocalTraining(config.train.local_steps, config.train.batch_size, config.train.lr,
-                                      self.setup.method.prox_mu)
+        self.executor = executor or ClientRuntime(self.setup.model, self.setup.spec, fed,
+                                                  local_training(config, self.setup.method), config.seed)
         self.tracker = Tracker(higher_is_better=fed.metric == "accuracy")
         self.num_train_clients = len(fed.train_client_ids)
         if self.num_train_clients == 0:
@@ -136,62 +143,45 @@ class Simulator:
         order = torch.randperm(len(train_ids), generator=rng.generator(self.config.seed, round_index, "sampling"))
         return train_ids[order[:per_round]].sort().values
 
-    def local_train(self, start: torch.Tensor, client_ids: torch.Tensor, round_index: int, purpose: str,
-                    steps: int | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Train ``client_ids`` from ``start``; mini-batches come from per-client (round, purpose) streams."""
-        training = self.training if steps is None else LocalTraining(
-            steps, self.training.batch_size, self.training.lr, self.training.prox_mu)
-        s = self.setup
-        seeds = rng.client_seeds(self.config.seed, round_index, purpose, client_ids)
-        trained, metrics = train_clients(s.model, s.spec, start, s.federation.train.select(client_ids), training,
-                                         s.federation.task, seeds)
-        check_update(trained, client_ids, s.spec.dim, round_index)
-        return trained, metrics
-
     def run_round(self, round_index: int) -> dict[str, float]:
         method, spec = self.setup.method, self.setup.spec
         client_ids = self.sample_clients(round_index)
         sent = method.personalize(client_ids).detach()
         if not torch.isfinite(sent).all():
             raise NonFiniteUpdateError(f"round {round_index + 1}: the server produced non-finite weights")
-        trained, metrics = self.local_train(sent, client_ids, round_index, "local_training")
-        delta = sent - trained
-        method.update(client_ids, sent, delta, metrics)
         self.tracker.bytes_down += len(client_ids) * spec.dim * BYTES_PER_VALUE
-        self.tracker.bytes_up += len(client_ids) * spec.dim * BYTES_PER_VALUE
-        loss = float(metrics["loss_last"].mean())
+        result = self.executor.train(client_ids, sent, round_index, "local_training")
+        check_update(result.trained, result.client_ids, spec.dim, round_index)
+        if len(result.client_ids) == 0:
+            log.warning("round %d: no client update arrived; the server model is unchanged", round_index + 1)
+            return {"train_loss": float("nan"), "clients": 0}
+        sent = sent[result.rows]
+        method.update(result.client_ids, sent, sent - result.trained, result.metrics)
+        self.tracker.bytes_up += len(result.client_ids) * spec.dim * BYTES_PER_VALUE
+        loss = float(result.metrics["loss_last"].mean())
         if not math.isfinite(loss):
             raise NonFiniteUpdateError(f"round {round_index + 1}: non-finite training loss")
-        return {"train_loss": loss}
+        return {"train_loss": loss, "clients": len(result.client_ids)}
 
-    def personalized_weights(self, client_ids: torch.Tensor, round_index: int) -> torch.Tensor:
-        """Evaluation weights, fine-tuned locally first for methods that ask for it (FedAvg-FT)."""
+    def score_all(self, round_index: int) -> dict[str, ClientScores]:
+        """Every client's personalised model on its val and test split (fine-tuned first if the method asks)."""
         method = self.setup.method
-        weights = method.eval_weights(client_ids)
-        if method.eval_finetune_steps:
-            weights, _ = self.local_train(weights, client_ids, round_index, "evaluation",
-                                          steps=method.eval_finetune_steps)
-        return weights
-
-    def score(self, weights: torch.Tensor, client_ids: torch.Tensor, split: str) -> ClientScores:
-        s = self.setup
-        data = getattr(s.federation, split).select(client_ids)
-        return evaluate_clients(s.model, s.spec, weights, data, s.federation.task)
+        all_ids = torch.arange(self.setup.federation.num_clients)
+        return self.executor.evaluate(all_ids, method.eval_weights(all_ids), round_index,
+                                      method.eval_finetune_steps)
 
     def evaluate(self, round_index: int) -> dict[str, Any]:
         fed = self.setup.federation
         train_ids, novel_ids = fed.train_client_ids, fed.novel_client_ids
-        all_ids = torch.arange(fed.num_clients)
-        weights = self.personalized_weights(all_ids, round_index)
-        val = self.score(weights[train_ids], train_ids, "val")
-        test = self.score(weights[train_ids], train_ids, "test")
+        scores = self.score_all(round_index)
+        val, test = scores["val"].select(train_ids), scores["test"].select(train_ids)
         record: dict[str, Any] = {"round": round_index + 1}
         record["val_mean"], record["val_std"] = _mean_std(val.metric)
         record["test_mean"], record["test_std"] = _mean_std(test.metric)
         record["test_pooled"] = test.pooled
         record["novel_mean"] = record["novel_std"] = None
         if len(novel_ids):
-            novel = self.score(weights[novel_ids], novel_ids, "test")
+            novel = scores["test"].select(novel_ids)
             record["novel_mean"], record["novel_std"] = _mean_std(novel.metric)
         return record
 
@@ -207,10 +197,12 @@ class Simulator:
             method.begin_novel_adaptation(novel_ids)
             for step in range(rounds):
                 sent = method.personalize(novel_ids).detach()
-                trained, _ = self.local_train(sent, novel_ids, step, "novel")
-                delta = sent - trained
-                method.adapt_novel(novel_ids, sent, delta)
-            scores = self.score(method.eval_weights(novel_ids), novel_ids, "test")
+                result = self.executor.train(novel_ids, sent, step, "novel")
+                check_update(result.trained, result.client_ids, self.setup.spec.dim, step)
+                if len(result.client_ids):
+                    sent = sent[result.rows]
+                    method.adapt_novel(result.client_ids, sent, sent - result.trained)
+            scores = self.executor.evaluate(novel_ids, method.eval_weights(novel_ids), rounds, 0)["test"]
             return _mean_std(scores.metric)
         finally:
             method.load_state_dict(saved)

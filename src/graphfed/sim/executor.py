@@ -1,0 +1,68 @@
+"""Where client work runs. The round loop talks to a ``ClientExecutor``; it never knows whether clients
+are rows of a tensor in this process (``ClientRuntime``) or Flower nodes on other machines."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from graphfed.core import rng
+from graphfed.core.params import ParamSpec
+from graphfed.data.federation import Federation
+from graphfed.models.base import TargetModel
+from graphfed.sim.client import ClientScores, LocalTraining, evaluate_clients, train_clients
+
+SPLITS = ("val", "test")
+
+
+@dataclass
+class TrainResult:
+    """The updates that arrived: ``rows`` indexes the asked-for clients, in order."""
+
+    rows: torch.Tensor  # [K] positions into the requested client_ids
+    client_ids: torch.Tensor  # [K]
+    trained: torch.Tensor  # [K, dim]
+    metrics: dict[str, torch.Tensor]  # each [K]
+
+
+class ClientExecutor(ABC):
+    """Runs clients' local training and evaluation for the round loop."""
+
+    @abstractmethod
+    def train(self, client_ids: torch.Tensor, start: torch.Tensor, round_index: int, purpose: str,
+              steps: int | None = None) -> TrainResult:
+        """Train ``client_ids`` from ``start`` (``[S, dim]``); may return fewer clients than asked."""
+
+    @abstractmethod
+    def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int,
+                 finetune_steps: int = 0) -> dict[str, ClientScores]:
+        """Scores of ``weights`` on each client's val and test split (after optional local fine-tuning)."""
+
+
+class ClientRuntime(ClientExecutor):
+    """Clients in this process, all trained at once. A Flower client is the same runtime with S = 1."""
+
+    def __init__(self, model: TargetModel, spec: ParamSpec, federation: Federation, training: LocalTraining,
+                 seed: int) -> None:
+        self.model, self.spec, self.federation = model, spec, federation
+        self.training, self.seed = training, seed
+
+    def train(self, client_ids: torch.Tensor, start: torch.Tensor, round_index: int, purpose: str,
+              steps: int | None = None) -> TrainResult:
+        training = self.training if steps is None else LocalTraining(
+            steps, self.training.batch_size, self.training.lr, self.training.prox_mu)
+        # One stream per (round, purpose, client): a client draws the same batches wherever it runs.
+        seeds = rng.client_seeds(self.seed, round_index, purpose, client_ids)
+        trained, metrics = train_clients(self.model, self.spec, start, self.federation.train.select(client_ids),
+                                         training, self.federation.task, seeds)
+        return TrainResult(torch.arange(len(client_ids)), client_ids, trained, metrics)
+
+    def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int,
+                 finetune_steps: int = 0) -> dict[str, ClientScores]:
+        if finetune_steps:
+            weights = self.train(client_ids, weights, round_index, "evaluation", finetune_steps).trained
+        return {split: evaluate_clients(self.model, self.spec, weights,
+                                        getattr(self.federation, split).select(client_ids), self.federation.task)
+                for split in SPLITS}
