@@ -1,5 +1,5 @@
 # One command to set up and run the demo, one to set up and run the tests.
-# Both create .venv when it is missing: torch==2.13.0 (the CPU wheel) first, then graphfed with dev extras.
+# Both create .venv when it is missing: torch==2.13.0 (the CPU wheel) first, then graphfed with the dev and flower extras.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,flower]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -148,7 +148,7 @@ def test_fedavg_global_model_is_the_sample_weighted_mean_of_trained_models(make_
     ids = simulator.sample_clients(0)
     sent = method.personalize(ids)
     result = simulator.executor.train(ids, sent, 0, "local_training")
-    trained, metrics = result.trained, result.metrics
+    trained, metrics = sent - result.delta, result.metrics
     counts = metrics["num_examples"]
     assert len(set(counts.tolist())) > 1  # unequal clients, so weighting matters
     method.update(ids, sent, sent - trained, metrics)
@@ -164,7 +164,7 @@ def test_local_only_changes_the_clients_that_trained(make_config: ConfigFactory)
     ids = simulator.sample_clients(0)
     sent = method.personalize(ids)
     result = simulator.executor.train(ids, sent, 0, "local_training")
-    trained, metrics = result.trained, result.metrics
+    trained, metrics = sent - result.delta, result.metrics
     method.update(ids, sent, sent - trained, metrics)
     after = method.eval_weights(all_ids(simulator))
     untouched = torch.ones(len(after), dtype=torch.bool)

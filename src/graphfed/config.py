@@ -66,12 +66,20 @@ class TrainConfig(_Strict):
     novel_adapt_rounds: int = Field(default=20, ge=0, description="embedding-only adaptation rounds")
 
 
+class FlowerConfig(_Strict):
+    """Settings of the Flower engine (ignored by the simulator)."""
+
+    round_timeout: float = Field(default=600.0, gt=0, description="seconds to wait for a round's replies")
+    query_timeout: float = Field(default=60.0, gt=0, description="seconds to wait for nodes' client ids")
+
+
 class RunConfig(_Strict):
     seed: int = 0
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     method: MethodConfig = Field(default_factory=MethodConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    flower: FlowerConfig = Field(default_factory=FlowerConfig)
     torch_threads: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")

@@ -13,6 +13,7 @@ import copy
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,8 @@ class Tracker:
 
 
 def _mean_std(values: torch.Tensor) -> tuple[float | None, float | None]:
+    """Mean and std over clients; clients without a score (NaN: their reply never came) are left out."""
+    values = values[torch.isfinite(values)]
     if values.numel() == 0:
         return None, None
     return float(values.mean()), float(values.std(unbiased=False))
@@ -123,14 +126,15 @@ class Simulator:
 
     def __init__(self, config: RunConfig, out_dir: str | Path | None = None,
                  federation: Federation | None = None, progress: bool = True,
-                 executor: ClientExecutor | None = None) -> None:
+                 executor: Callable[[Setup], ClientExecutor] | None = None) -> None:
         self.config = config
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.progress = progress
         self.setup = build_setup(config, federation)
         fed = self.setup.federation
-        self.executor = executor or ClientRuntime(self.setup.model, self.setup.spec, fed,
-                                                  local_training(config, self.setup.method), config.seed)
+        # `executor` builds where clients run (e.g. Flower nodes); default: in this process, vectorised.
+        self.executor = executor(self.setup) if executor else ClientRuntime(
+            self.setup.model, self.setup.spec, fed, local_training(config, self.setup.method), config.seed)
         self.tracker = Tracker(higher_is_better=fed.metric == "accuracy")
         self.num_train_clients = len(fed.train_client_ids)
         if self.num_train_clients == 0:
@@ -151,12 +155,11 @@ class Simulator:
             raise NonFiniteUpdateError(f"round {round_index + 1}: the server produced non-finite weights")
         self.tracker.bytes_down += len(client_ids) * spec.dim * BYTES_PER_VALUE
         result = self.executor.train(client_ids, sent, round_index, "local_training")
-        check_update(result.trained, result.client_ids, spec.dim, round_index)
+        check_update(result.delta, result.client_ids, spec.dim, round_index)
         if len(result.client_ids) == 0:
             log.warning("round %d: no client update arrived; the server model is unchanged", round_index + 1)
             return {"train_loss": float("nan"), "clients": 0}
-        sent = sent[result.rows]
-        method.update(result.client_ids, sent, sent - result.trained, result.metrics)
+        method.update(result.client_ids, sent[result.rows], result.delta, result.metrics)
         self.tracker.bytes_up += len(result.client_ids) * spec.dim * BYTES_PER_VALUE
         loss = float(result.metrics["loss_last"].mean())
         if not math.isfinite(loss):
@@ -198,10 +201,9 @@ class Simulator:
             for step in range(rounds):
                 sent = method.personalize(novel_ids).detach()
                 result = self.executor.train(novel_ids, sent, step, "novel")
-                check_update(result.trained, result.client_ids, self.setup.spec.dim, step)
+                check_update(result.delta, result.client_ids, self.setup.spec.dim, step)
                 if len(result.client_ids):
-                    sent = sent[result.rows]
-                    method.adapt_novel(result.client_ids, sent, sent - result.trained)
+                    method.adapt_novel(result.client_ids, sent[result.rows], result.delta)
             scores = self.executor.evaluate(novel_ids, method.eval_weights(novel_ids), rounds, 0)["test"]
             return _mean_std(scores.metric)
         finally:

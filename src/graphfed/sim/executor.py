@@ -23,7 +23,7 @@ class TrainResult:
 
     rows: torch.Tensor  # [K] positions into the requested client_ids
     client_ids: torch.Tensor  # [K]
-    trained: torch.Tensor  # [K, dim]
+    delta: torch.Tensor  # [K, dim], sent - trained, computed where the client trained
     metrics: dict[str, torch.Tensor]  # each [K]
 
 
@@ -57,12 +57,12 @@ class ClientRuntime(ClientExecutor):
         seeds = rng.client_seeds(self.seed, round_index, purpose, client_ids)
         trained, metrics = train_clients(self.model, self.spec, start, self.federation.train.select(client_ids),
                                          training, self.federation.task, seeds)
-        return TrainResult(torch.arange(len(client_ids)), client_ids, trained, metrics)
+        return TrainResult(torch.arange(len(client_ids)), client_ids, start - trained, metrics)
 
     def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int,
                  finetune_steps: int = 0) -> dict[str, ClientScores]:
         if finetune_steps:
-            weights = self.train(client_ids, weights, round_index, "evaluation", finetune_steps).trained
+            weights = weights - self.train(client_ids, weights, round_index, "evaluation", finetune_steps).delta
         return {split: evaluate_clients(self.model, self.spec, weights,
                                         getattr(self.federation, split).select(client_ids), self.federation.task)
                 for split in SPLITS}

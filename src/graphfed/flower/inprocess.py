@@ -1,0 +1,85 @@
+"""An in-process Flower ``Grid``: routes messages straight to a ``ClientApp`` in this process.
+
+For tests and debugging of the Flower path without Ray or network processes. Each node has a random id
+(like real SuperNodes), its own ``Context`` with ``partition-id`` and a persistent ``state``. Nodes can be
+made to fail (error reply) or vanish (no reply) to exercise the server's drop logic.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+
+from flwr.app import Context, Error, Message, MessageType, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+
+SERVER_NODE_ID = 0
+
+
+class InProcessGrid(Grid):
+    def __init__(self, client_app: ClientApp, num_nodes: int, run_config: dict[str, str | int | float | bool],
+                 seed: int = 0) -> None:
+        # A real ServerApp process has its task identity set by Flower's runtime; Message() needs it.
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SERVER_NODE_ID, 1
+        self.client_app = client_app
+        node_ids = random.Random(seed).sample(range(1, 2**62), num_nodes)
+        self.contexts = {node: Context(run_id=1, node_id=node,
+                                       node_config={"partition-id": pid, "num-partitions": num_nodes},
+                                       state=RecordDict(), run_config=dict(run_config))
+                         for pid, node in enumerate(node_ids)}
+        self.failing: set[int] = set()  # nodes that answer train/evaluate messages with an error
+        self.silent: set[int] = set()  # nodes that never answer (crashed or disconnected)
+        self.answers_left: dict[int, int] = {}  # node -> messages it still answers before it goes silent
+        self._replies: dict[str, Message] = {}
+        self._run: Run | None = None
+        self.sent: list[Message] = []
+
+    def node_of_partition(self, partition_id: int) -> int:
+        return next(node for node, ctx in self.contexts.items() if ctx.node_config["partition-id"] == partition_id)
+
+    def set_run(self, run: Run) -> None:
+        self._run = run
+
+    @property
+    def run(self) -> Run:
+        if self._run is None:
+            raise RuntimeError("no run set")
+        return self._run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+                       ttl: float | None = None) -> Message:
+        return Message(content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id, ttl=ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.contexts)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids = []
+        for number, message in enumerate(messages, start=len(self.sent)):
+            self.sent.append(message)
+            node = message.metadata.dst_node_id
+            message_id = f"m{number}"
+            ids.append(message_id)
+            if node in self.answers_left:
+                self.answers_left[node] -= 1
+                if self.answers_left[node] < 0:
+                    self.silent.add(node)
+            if node in self.silent or node not in self.contexts:
+                continue
+            if node in self.failing and message.metadata.message_type != MessageType.QUERY:
+                self._replies[message_id] = Message(Error(code=0, reason=f"node {node} failed"), reply_to=message)
+                continue
+            try:
+                self._replies[message_id] = self.client_app(message, self.contexts[node])
+            except Exception as err:  # a real SuperNode turns ClientApp exceptions into error replies
+                self._replies[message_id] = Message(Error(code=0, reason=repr(err)), reply_to=message)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return [self._replies.pop(mid) for mid in message_ids if mid in self._replies]
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        return self.pull_messages(self.push_messages(messages))

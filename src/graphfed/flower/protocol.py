@@ -1,0 +1,74 @@
+"""What travels between the graphfed ServerApp and ClientApp, in Flower records.
+
+Server -> client: ``ArrayRecord "arrays"`` (the client's own personalised weights, one flat float32 array)
+and ``ConfigRecord "config"`` (round, purpose, client id, how to train or evaluate).
+Client -> server (train): ``ArrayRecord "delta"`` (sent - trained) + ``MetricRecord "metrics"``.
+Client -> server (evaluate): ``MetricRecord "metrics"`` with each split's per-client numerators.
+Client -> server (query): ``ConfigRecord "identity"`` with the node's ``partition-id`` (= graphfed client id).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from graphfed.sim.client import ClientScores, LocalTraining
+
+RUN_CONFIG_KEY = "graphfed-config"  # the resolved graphfed YAML, in the Flower run config
+OUT_DIR_KEY = "out-dir"  # where the ServerApp writes summary.json etc. ("" = nowhere)
+PARTITION_KEY = "partition-id"
+SCORE_FIELDS = ("metric", "loss", "counts", "metric_sum", "metric_elements")
+
+
+def weights_record(weights: torch.Tensor) -> ArrayRecord:
+    return ArrayRecord([weights.detach().to(torch.float32).numpy()])
+
+
+def record_weights(record: ArrayRecord) -> torch.Tensor:
+    arrays = record.to_numpy_ndarrays()
+    if len(arrays) != 1:
+        raise ValueError(f"expected one flat weight array, got {len(arrays)}")
+    return torch.from_numpy(np.array(arrays[0], dtype=np.float32, copy=True))
+
+
+def train_content(weights: torch.Tensor, client_id: int, round_index: int, purpose: str, seed: int,
+                  training: LocalTraining) -> RecordDict:
+    config = ConfigRecord({"client-id": client_id, "round": round_index, "purpose": purpose, "seed": seed,
+                           "steps": training.steps, "batch-size": training.batch_size, "lr": training.lr,
+                           "prox-mu": training.prox_mu})
+    return RecordDict({"arrays": weights_record(weights), "config": config})
+
+
+def training_from(config: ConfigRecord) -> LocalTraining:
+    return LocalTraining(int(config["steps"]), int(config["batch-size"]), float(config["lr"]),
+                         float(config["prox-mu"]))
+
+
+def train_reply(delta: torch.Tensor, metrics: dict[str, torch.Tensor], client_id: int) -> RecordDict:
+    values = {"client-id": client_id, "num-examples": int(metrics["num_examples"][0]),
+              "loss-first": float(metrics["loss_first"][0]), "loss-last": float(metrics["loss_last"][0])}
+    return RecordDict({"delta": weights_record(delta[0]), "metrics": MetricRecord(values)})
+
+
+def reply_metrics(metrics: MetricRecord) -> dict[str, torch.Tensor]:
+    return {"num_examples": torch.tensor([float(metrics["num-examples"])]),
+            "loss_first": torch.tensor([float(metrics["loss-first"])]),
+            "loss_last": torch.tensor([float(metrics["loss-last"])])}
+
+
+def scores_record(scores: dict[str, ClientScores]) -> MetricRecord:
+    return MetricRecord({f"{split}-{name}": float(getattr(score, name)[0])
+                         for split, score in scores.items() for name in SCORE_FIELDS})
+
+
+def record_scores(record: MetricRecord, split: str) -> ClientScores:
+    values = {name: torch.tensor([float(record[f"{split}-{name}"])]) for name in SCORE_FIELDS}
+    values["counts"] = values["counts"].long()
+    return ClientScores(**values)
+
+
+def missing_scores() -> ClientScores:
+    """Placeholder for a client whose evaluation reply never came: NaN metric, no pooled weight."""
+    nan, zero = torch.tensor([float("nan")]), torch.zeros(1)
+    return ClientScores(nan, nan, torch.zeros(1, dtype=torch.long), zero, zero)

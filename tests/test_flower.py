@@ -1,0 +1,150 @@
+"""The Flower engine driven by an in-process Grid: same numbers as the simulator, robust to bad nodes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from conftest import without_wall_time
+from graphfed.config import RunConfig, dump_config, load_config
+from graphfed.flower import protocol
+from graphfed.flower.app import client_app, run_on_grid
+from graphfed.flower.inprocess import InProcessGrid
+from graphfed.sim.engine import run_config
+
+NUM_CLIENTS = 6
+FLOWER_BASE = [
+    "dataset.name=fln", f"dataset.num_clients={NUM_CLIENTS}", "dataset.novel_fraction=0.2",
+    "train.rounds=3", "train.eval_every=1", "train.clients_per_round=3", "train.local_steps=5",
+    "train.batch_size=16", "train.novel_adapt_rounds=2", "model.options={hidden: 8}",
+]
+SMALL_SERVER = {
+    "pfedhn": "method.options={hidden: 16, embedding_dim: 4}",
+    "panacea": "method.options={embedding_dim: 8, gnn_hidden: 16, hypernet_hidden: 16, server_steps: 2}",
+}
+
+
+def flower_config(method: str, *overrides: str) -> RunConfig:
+    extra = [SMALL_SERVER[method]] if method in SMALL_SERVER else []
+    return load_config(None, [*FLOWER_BASE, f"method.name={method}", *extra, *overrides])
+
+
+def grid_for(config: RunConfig, seed: int = 0) -> InProcessGrid:
+    return InProcessGrid(client_app, NUM_CLIENTS, {protocol.RUN_CONFIG_KEY: dump_config(config)}, seed=seed)
+
+
+def comparable(summary: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in without_wall_time(summary).items() if k != "dropped_clients"}
+
+
+@pytest.mark.parametrize("method", ["fedavg", "pfedhn", "panacea"])
+def test_flower_engine_gives_the_simulators_numbers(method: str) -> None:
+    """3 rounds on FL-N with 6 clients: every metric of the summary equals the simulator's, exactly."""
+    config = flower_config(method)
+    simulated = run_config(config, progress=False)
+    grid = grid_for(config)
+    on_flower = run_on_grid(grid, config, None)
+    assert on_flower["dropped_clients"] == []
+    assert comparable(on_flower) == comparable(simulated)
+    assert on_flower["test_mean"] is not None and on_flower["novel_mean"] is not None
+
+
+def test_node_ids_do_not_matter_only_partition_ids_do() -> None:
+    """Other random node ids, same partition ids -> same numbers (the QUERY maps nodes to clients)."""
+    config = flower_config("fedavg")
+    first = run_on_grid(grid_for(config, seed=1), config, None)
+    second = run_on_grid(grid_for(config, seed=2), config, None)
+    assert comparable(first) == comparable(second)
+
+
+def test_each_node_receives_its_own_personalised_weights() -> None:
+    """pFedHN: TRAIN messages of one round carry different weights, one message per selected node."""
+    config = flower_config("pfedhn", "train.rounds=1")
+    grid = grid_for(config)
+    run_on_grid(grid, config, None)
+    train_messages = [m for m in grid.sent if m.metadata.message_type == "train" and m.metadata.group_id == "1"
+                      and m.content["config"]["purpose"] == "local_training"]
+    assert len(train_messages) == 3
+    assert len({m.metadata.dst_node_id for m in train_messages}) == 3
+    weights = [protocol.record_weights(m.content["arrays"]) for m in train_messages]
+    assert not torch.equal(weights[0], weights[1])
+    client_ids = [int(m.content["config"]["client-id"]) for m in train_messages]
+    for message, client_id in zip(train_messages, client_ids, strict=True):
+        assert grid.node_of_partition(client_id) == message.metadata.dst_node_id
+
+
+def test_failing_and_silent_nodes_are_dropped_and_the_run_goes_on() -> None:
+    """A node answering with an error and one never answering are dropped (logged) each round they are
+    selected; the run completes and bytes_up counts only updates that arrived."""
+    config = flower_config("fedavg", "train.rounds=4", "dataset.novel_fraction=0", "train.clients_per_round=6")
+    grid = grid_for(config)
+    grid.failing.add(grid.node_of_partition(1))
+    grid.answers_left[grid.node_of_partition(4)] = 2  # the QUERY and round 1's TRAIN, then it vanishes
+    summary = run_on_grid(grid, config, None)
+    assert summary["status"] == "completed"
+    dropped = {(d["round"], d["client"]) for d in summary["dropped_clients"]}
+    assert {(r, 1) for r in range(1, 5)} | {(r, 4) for r in range(2, 5)} <= dropped
+    reasons = " ".join(d["reason"] for d in summary["dropped_clients"])
+    assert "error reply" in reasons and "no reply" in reasons
+    dim = 2 * 8 + 8 + 8 * 8 + 8 + 8 * 2 + 2
+    # round 1: 5 updates arrive (client 4 still alive); rounds 2-4: 4 each; x dim float32 values
+    assert summary["bytes_up"] == (5 + 3 * 4) * dim * 4
+    assert summary["test_mean"] is not None  # evaluation averages over the clients that answered
+
+
+def test_nan_and_wrong_shape_replies_are_rejected_never_aggregated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client replying NaN and one replying a too-short update are rejected; the global model stays finite
+    and equals the average of the valid updates only."""
+    config = flower_config("fedavg", "train.rounds=1", "dataset.novel_fraction=0", "train.clients_per_round=6")
+    original = protocol.train_reply
+
+    def corrupt(delta: torch.Tensor, metrics: dict[str, torch.Tensor], client_id: int) -> Any:
+        if client_id == 2:
+            delta = torch.full_like(delta, float("nan"))
+        if client_id == 3:
+            delta = delta[:, :-1]
+        return original(delta, metrics, client_id)
+
+    monkeypatch.setattr(protocol, "train_reply", corrupt)
+    grid = grid_for(config)
+    executors: list[Any] = []
+    from graphfed.flower import server
+
+    original_train = server.FlowerExecutor.train
+
+    def spy(self: server.FlowerExecutor, *args: Any, **kwargs: Any) -> Any:
+        result = original_train(self, *args, **kwargs)
+        executors.append(result)
+        return result
+
+    monkeypatch.setattr(server.FlowerExecutor, "train", spy)
+    summary = run_on_grid(grid, config, None)
+    reasons = {d["client"]: d["reason"] for d in summary["dropped_clients"]}
+    assert "non-finite" in reasons[2]
+    assert "shape" in reasons[3]
+    assert executors[0].client_ids.tolist() == [0, 1, 4, 5]
+    assert torch.isfinite(executors[0].delta).all()
+    assert summary["status"] == "completed"
+
+
+def test_client_state_persists_in_context_state() -> None:
+    """Per-client counters live in each node's context.state, not in Python globals."""
+    config = flower_config("fedavg", "dataset.novel_fraction=0", "train.clients_per_round=6")
+    grid = grid_for(config)
+    run_on_grid(grid, config, None)
+    counts = [int(ctx.state["graphfed"]["rounds-trained"]) for ctx in grid.contexts.values()]
+    assert counts == [3] * NUM_CLIENTS
+
+
+def test_a_node_with_an_out_of_range_partition_id_is_ignored() -> None:
+    """A node claiming a client id the federation does not have is not used; the others run."""
+    config = flower_config("fedavg", "train.rounds=1", "dataset.novel_fraction=0")
+    grid = grid_for(config)
+    rogue = grid.node_of_partition(5)
+    grid.contexts[rogue].node_config["partition-id"] = 99
+    summary = run_on_grid(grid, config, None)
+    assert summary["status"] == "completed"
+    # Evaluation asks every client; client 5 has no node that answered the QUERY correctly.
+    assert any(d["client"] == 5 and "no node" in d["reason"] for d in summary["dropped_clients"])
