@@ -141,6 +141,24 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
     console.print(f"table: {out / 'compare.md'}, curves: {out / 'compare.png'}")
 
 
+@app.command("flower-app")
+def flower_app(config: Annotated[Path, typer.Argument(help="YAML run config")],
+               out: Annotated[Path, typer.Option(help="folder to write the Flower App into")],
+               overrides: SetOption = None,
+               results: Annotated[Path | None, typer.Option(help="where the ServerApp writes summary.json etc. "
+                                                            "(default OUT/results)")] = None) -> None:
+    """Write a Flower App folder that runs CONFIG on Flower: `flwr run OUT` (see README, 'Flower')."""
+    try:
+        from graphfed.flower.app_folder import write_app_folder
+    except ImportError:
+        _fail("the Flower engine needs flwr: pip install 'graphfed[flower]'", EXIT_CONFIG)
+    cfg = _load(config, overrides)
+    path = write_app_folder(cfg, out, results)
+    console.print(f"wrote {path}\n  local simulation: flwr run {out} --federation-config "
+                  f"\"num-supernodes={cfg.dataset.num_clients or 'N'} client-resources-num-cpus=1\" --stream\n"
+                  f"  deployment: see README, section 'Flower'")
+
+
 @app.command("list")
 def list_components() -> None:
     """Methods, datasets and models graphfed knows."""

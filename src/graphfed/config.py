@@ -71,6 +71,9 @@ class FlowerConfig(_Strict):
 
     round_timeout: float = Field(default=600.0, gt=0, description="seconds to wait for a round's replies")
     query_timeout: float = Field(default=60.0, gt=0, description="seconds to wait for nodes' client ids")
+    min_nodes: int | None = Field(default=None, ge=1, description="nodes to wait for before round 1 "
+                                  "(default: one per client)")
+    node_wait_timeout: float = Field(default=300.0, ge=0, description="seconds to wait for min_nodes")
 
 
 class RunConfig(_Strict):

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from graphfed.config import RunConfig, validate_config
 from graphfed.flower import protocol
 from graphfed.flower.client import client_app
 from graphfed.flower.server import FlowerExecutor
+from graphfed.sim.checkpoint import write_summary
 from graphfed.sim.engine import Setup, Simulator
 
 server_app = ServerApp()
@@ -34,13 +34,14 @@ def run_on_grid(grid: Grid, config: RunConfig, out_dir: str | Path | None) -> di
 
     def make_executor(setup: Setup) -> FlowerExecutor:
         executors.append(FlowerExecutor(grid, config, setup))
+        executors[0].wait_for_nodes()
         return executors[0]
 
     summary = Simulator(config, out_dir, progress=False, executor=make_executor).run()
     summary["dropped_clients"] = [{"round": r, "client": c, "reason": why} for r, c, why in executors[0].dropped]
     if out_dir:
         # The simulator wrote summary.json; add what only the Flower engine knows.
-        (Path(out_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_summary(Path(out_dir), summary)
     return summary
 
 

@@ -10,6 +10,7 @@ wrong shape are rejected (logged) and never reach the method.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 
 import torch
@@ -38,6 +39,16 @@ class FlowerExecutor(ClientExecutor):
         self.dropped: list[tuple[int, int, str]] = []
 
     # ---- node <-> client identity ------------------------------------------------------------------
+    def wait_for_nodes(self) -> None:
+        """Nodes connect one by one; start round 1 once ``flower.min_nodes`` are there (or the wait ends)."""
+        wanted = self.config.flower.min_nodes or self.num_clients
+        deadline = time.monotonic() + self.config.flower.node_wait_timeout
+        while (connected := len(list(self.grid.get_node_ids()))) < wanted and time.monotonic() < deadline:
+            time.sleep(1.0)
+        if connected < wanted:
+            log.warning("only %d of %d nodes connected after %.0f s; starting anyway", connected, wanted,
+                        self.config.flower.node_wait_timeout)
+
     def discover(self) -> None:
         """Ask nodes not seen before for their client id (node ids are random, partition ids are stable)."""
         live = set(self.grid.get_node_ids())
@@ -84,8 +95,13 @@ class FlowerExecutor(ClientExecutor):
                                     group_id=str(round_index + 1)))
         replies: dict[int, Message] = {}
         received: Iterable[Message] = self.grid.send_and_receive(messages, timeout=self.config.flower.round_timeout)
+        # The SuperLink answers for a node it declared unavailable, so match replies to the message they
+        # answer, falling back to the sender.
+        client_of_message = {m.metadata.message_id: client_of_node[m.metadata.dst_node_id] for m in messages
+                             if m.metadata.message_id}
         for reply in received:
-            client_id = client_of_node.get(reply.metadata.src_node_id)
+            client_id = client_of_message.get(reply.metadata.reply_to_message_id,
+                                              client_of_node.get(reply.metadata.src_node_id))
             if client_id is None:
                 continue
             if reply.has_error():
