@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from graphfed.core.params import ParamSpec
@@ -63,6 +63,8 @@ class Method(ABC):
         self.context = context
         self.options = options
         self.generator = torch.Generator().manual_seed(context.seed)
+        # Subclasses build their networks after this: seed their initialisation from the run seed.
+        torch.manual_seed(context.seed)
         #: human-readable facts the engine should log once (e.g. "inferring the client graph")
         self.notes: list[str] = []
 
@@ -122,6 +124,10 @@ class Method(ABC):
                 setattr(self, key, saved.clone())
             else:
                 setattr(self, key, saved)
+
+
+class EmbeddingHypernetworkOptions(MethodOptions):
+    novel_lr: float = Field(default=1e-2, gt=0, description="Adam lr of novel-client embedding adaptation")
 
 
 class EmbeddingHypernetwork(Method):

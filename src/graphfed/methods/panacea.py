@@ -26,13 +26,13 @@ from torch import nn
 
 from graphfed.core.hypergrad import hypergradient_step
 from graphfed.data.graphs import knn_graph
-from graphfed.methods.base import EmbeddingHypernetwork, MethodContext, MethodOptions
+from graphfed.methods.base import EmbeddingHypernetwork, EmbeddingHypernetworkOptions, MethodContext
 from graphfed.nn.gnn import GNNEncoder, GraphEdges
 from graphfed.nn.graph_generator import InnerProductGraphGenerator
 from graphfed.nn.hypernet import MLPHypernet
 
 
-class PanaceaOptions(MethodOptions):
+class PanaceaOptions(EmbeddingHypernetworkOptions):
     embedding_dim: int = Field(default=100, ge=1)
     gnn: Literal["gcn", "gat", "gin", "graphconv", "none"] = "gcn"
     gnn_layers: int = Field(default=3, ge=1)
@@ -45,7 +45,6 @@ class PanaceaOptions(MethodOptions):
     server_lr: float = Field(default=1e-3, gt=0)
     knn: int = Field(default=5, ge=1, description="neighbours when the graph is inferred")
     graph_refresh_rounds: int = Field(default=10, ge=1)
-    novel_lr: float = Field(default=1e-2, gt=0, description="Adam lr of novel-client embedding adaptation")
 
 
 class Panacea(EmbeddingHypernetwork):
@@ -56,7 +55,6 @@ class Panacea(EmbeddingHypernetwork):
     def __init__(self, context: MethodContext, options: PanaceaOptions) -> None:
         super().__init__(context, options)
         self.options: PanaceaOptions = options
-        torch.manual_seed(context.seed)
         n, dim = context.num_clients, options.embedding_dim
         self.embeddings = nn.Embedding(n, dim)  # h0 ~ N(0, 1)
         self.encoder = (GNNEncoder(dim, options.gnn_hidden, options.gnn_hidden, options.gnn_layers, options.gnn)

@@ -13,18 +13,17 @@ from pydantic import Field
 from torch import nn
 
 from graphfed.core.hypergrad import hypergradient_step
-from graphfed.methods.base import EmbeddingHypernetwork, MethodContext, MethodOptions
+from graphfed.methods.base import EmbeddingHypernetwork, EmbeddingHypernetworkOptions, MethodContext
 from graphfed.nn.hypernet import MLPHypernet
 
 
-class PFedHNOptions(MethodOptions):
+class PFedHNOptions(EmbeddingHypernetworkOptions):
     embedding_dim: int | None = Field(default=None, ge=1, description="default 1 + N/4 (paper)")
     hidden: int = Field(default=100, ge=1)
     num_layers: int = Field(default=3, ge=1)
     server_lr: float = Field(default=1e-2, gt=0)
     momentum: float = Field(default=0.9, ge=0, lt=1)
     weight_decay: float = Field(default=1e-3, ge=0)
-    novel_lr: float = Field(default=1e-2, gt=0, description="Adam lr of novel-client embedding adaptation")
 
 
 class PFedHN(EmbeddingHypernetwork):
@@ -35,7 +34,6 @@ class PFedHN(EmbeddingHypernetwork):
     def __init__(self, context: MethodContext, options: PFedHNOptions) -> None:
         super().__init__(context, options)
         self.options: PFedHNOptions = options
-        torch.manual_seed(context.seed)
         dim = options.embedding_dim or 1 + context.num_clients // 4
         self.embeddings = nn.Embedding(context.num_clients, dim)
         self.hypernet = MLPHypernet(dim, context.spec, options.hidden, options.num_layers)

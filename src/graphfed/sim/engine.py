@@ -32,33 +32,19 @@ from graphfed.models import build_model
 from graphfed.models.base import TargetModel
 from graphfed.sim import checkpoint as io
 from graphfed.sim.client import ClientScores, LocalTraining
-from graphfed.sim.executor import ClientExecutor, ClientRuntime
+from graphfed.sim.executor import (
+    ClientExecutor,
+    ClientRuntime,
+    InvalidUpdateError,
+    NonFiniteUpdateError,
+    check_update,
+)
 
 log = logging.getLogger("graphfed")
 
+__all__ = ["InvalidUpdateError", "NonFiniteUpdateError", "Setup", "Simulator", "check_update", "run_config"]
+
 BYTES_PER_VALUE = 4  # float32 on the wire
-
-
-class NonFiniteUpdateError(RuntimeError):
-    """A client update or the server's weights became NaN/Inf; the run stops, checkpoint kept."""
-
-
-class InvalidUpdateError(ValueError):
-    """A client update has the wrong shape."""
-
-
-def check_update(update: torch.Tensor, client_ids: torch.Tensor, dim: int, round_index: int) -> None:
-    """Reject wrong-shaped or non-finite client weights/updates, naming the offending clients.
-
-    ``round_index`` is 0-based; messages number rounds from 1, as ``rounds.jsonl`` does.
-    """
-    if update.ndim != 2 or update.shape != (len(client_ids), dim):
-        raise InvalidUpdateError(f"round {round_index + 1}: client update shape {tuple(update.shape)}, "
-                                 f"({len(client_ids)}, {dim}) expected")
-    bad = ~torch.isfinite(update).all(dim=1)
-    if bad.any():
-        raise NonFiniteUpdateError(f"round {round_index + 1}: non-finite (NaN/Inf) update from client(s) "
-                                   f"{client_ids[bad].tolist()}")
 
 
 @dataclass

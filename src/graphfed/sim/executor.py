@@ -17,6 +17,28 @@ from graphfed.sim.client import ClientScores, LocalTraining, evaluate_clients, t
 SPLITS = ("val", "test")
 
 
+class NonFiniteUpdateError(RuntimeError):
+    """A client update or the server's weights became NaN/Inf; the run stops, checkpoint kept."""
+
+
+class InvalidUpdateError(ValueError):
+    """A client update has the wrong shape."""
+
+
+def check_update(update: torch.Tensor, client_ids: torch.Tensor, dim: int, round_index: int) -> None:
+    """Reject wrong-shaped or non-finite client weights/updates, naming the offending clients.
+
+    ``round_index`` is 0-based; messages number rounds from 1, as ``rounds.jsonl`` does.
+    """
+    if update.ndim != 2 or update.shape != (len(client_ids), dim):
+        raise InvalidUpdateError(f"round {round_index + 1}: client update shape {tuple(update.shape)}, "
+                                 f"({len(client_ids)}, {dim}) expected")
+    bad = ~torch.isfinite(update).all(dim=1)
+    if bad.any():
+        raise NonFiniteUpdateError(f"round {round_index + 1}: non-finite (NaN/Inf) update from client(s) "
+                                   f"{client_ids[bad].tolist()}")
+
+
 @dataclass
 class TrainResult:
     """The updates that arrived: ``rows`` indexes the asked-for clients, in order."""
@@ -57,6 +79,7 @@ class ClientRuntime(ClientExecutor):
         seeds = rng.client_seeds(self.seed, round_index, purpose, client_ids)
         trained, metrics = train_clients(self.model, self.spec, start, self.federation.train.select(client_ids),
                                          training, self.federation.task, seeds)
+        check_update(trained, client_ids, self.spec.dim, round_index)  # before any arithmetic broadcasts it
         return TrainResult(torch.arange(len(client_ids)), client_ids, start - trained, metrics)
 
     def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int,

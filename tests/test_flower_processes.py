@@ -1,0 +1,371 @@
+"""The Flower engine in real Flower processes: ``flwr run`` local simulation (Ray) and a deployment of one
+``flower-superlink`` and three ``flower-supernode`` processes on 127.0.0.1, one of them killed mid-run.
+
+Every process gets a private ``FLWR_HOME`` under the test's temporary folder, free ports picked here, and a
+marker variable in its environment (inherited by everything it spawns: SuperExec, ServerApp, ClientApp
+processes, Ray workers). Teardown stops what the test started and then every process that still carries the
+marker, so nothing outlives the test; ``test_*`` functions assert that too. Exit codes of ``flwr run`` say
+little (it exits 0 when the ServerApp crashes), so the tests read the ``summary.json`` the ServerApp writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import read_rounds
+
+#: The virtual environment's bin folder (flwr, flower-superlink, flower-supernode, graphfed). Not resolved:
+#: the interpreter is a symlink out of the venv.
+VENV_BIN = Path(sys.executable).parent
+MARKER_VAR = "GRAPHFED_FLOWER_TEST_ID"
+NUM_NODES = 3
+#: Generous limits: two cores, one of them possibly busy, and every Flower message starts a fresh process.
+SUPERLINK_START_TIMEOUT = 60.0
+RUN_TIMEOUT = 300.0
+FIRST_ROUND_TIMEOUT = 200.0
+STOP_GRACE = 20.0
+LOG_NOISE = ("httpx: HTTP Request", "push-logs")
+
+#: The smallest useful federation: FL-N with 3 clients, no novel ones, 5 local steps.
+BASE_YAML = """\
+seed: 0
+torch_threads: 1
+dataset: {{name: fln, num_clients: {clients}, novel_fraction: 0}}
+model: {{name: mlp, options: {{hidden: 8}}}}
+method: {{name: {method}{options}}}
+train: {{rounds: 2, eval_every: {eval_every}, clients_per_round: {clients}, local_steps: 5, batch_size: 16}}
+flower: {{round_timeout: {round_timeout}, query_timeout: 45, node_wait_timeout: 150}}
+"""
+PANACEA_OPTIONS = ", options: {embedding_dim: 8, gnn_hidden: 16, hypernet_hidden: 16, server_steps: 2}"
+
+
+# ---- process handling ---------------------------------------------------------------------------------------
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports the kernel reports free on 127.0.0.1 (bound to port 0, then released)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+def _log_tail(path: Path, lines: int = 40) -> str:
+    if not path.exists():
+        return "(no log)"
+    kept = [line for line in path.read_text(errors="replace").splitlines() if not any(n in line for n in LOG_NOISE)]
+    return "\n".join(kept[-lines:]) or "(empty log)"
+
+
+def marked_processes(marker: str) -> list[tuple[int, str]]:
+    """Live (non-zombie) processes whose environment carries ``MARKER_VAR=marker``: (pid, command line)."""
+    needle = f"{MARKER_VAR}={marker}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if state != "Z":
+            found.append((int(entry.name), args[:160]))
+    return found
+
+
+def _signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal_group(self, sig: signal.Signals) -> None:
+        """Signal the process and everything it spawned (each Proc leads its own session/group)."""
+        try:
+            os.killpg(self.popen.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+@dataclass
+class Processes:
+    """The Flower processes of one test: started in their own sessions with logs in files; ``stop()`` ends
+    them (SIGTERM, then SIGKILL after a grace period) and every other process carrying the marker."""
+
+    workdir: Path
+    marker: str = field(default_factory=lambda: uuid.uuid4().hex)
+    procs: list[Proc] = field(default_factory=list)
+
+    def env(self, home: Path, **extra: str) -> dict[str, str]:
+        """The environment every flwr process needs here: private FLWR_HOME, no telemetry, no update checks,
+        no runtime pip installs, the venv's executables first on PATH, and the marker."""
+        home.mkdir(parents=True, exist_ok=True)
+        env = {key: value for key, value in os.environ.items() if not key.startswith(("FLWR_", "RAY_"))}
+        env.update({
+            "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "RAY_USAGE_STATS_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "PYTHONUNBUFFERED": "1", "VIRTUAL_ENV": str(VENV_BIN.parent),
+            "PATH": os.pathsep.join([str(VENV_BIN), os.environ.get("PATH", "")]), MARKER_VAR: self.marker,
+        })
+        env.update(extra)
+        return env
+
+    def start(self, name: str, args: list[str], env: dict[str, str]) -> Proc:
+        log = self.workdir / "logs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("wb") as out:
+            popen = subprocess.Popen(args, cwd=self.workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def get(self, name: str) -> Proc:
+        return next(p for p in reversed(self.procs) if p.name == name)
+
+    def tails(self, lines: int = 40) -> str:
+        """The end of every log (HTTP request noise filtered out), for failure messages."""
+        return "\n".join(f"----- {p.name} (exit {p.popen.poll()}) -----\n{_log_tail(p.log, lines)}"
+                         for p in self.procs)
+
+    def wait(self, proc: Proc, timeout: float, what: str) -> None:
+        try:
+            proc.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{what}: `{proc.name}` still running after {timeout:.0f} s\n{self.tails()}")
+
+    def stop(self) -> list[tuple[int, str]]:
+        """SIGTERM our processes' groups newest first (supernodes before the superlink), then every marked
+        straggler; SIGKILL what is still there after the grace period. Returns what survived even that."""
+        for proc in reversed(self.procs):
+            if proc.alive():
+                proc.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE
+        for proc in reversed(self.procs):
+            try:
+                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.signal_group(signal.SIGKILL)
+                proc.popen.wait(timeout=10)
+        # Detached processes (the local SuperLink of `flwr run`) and whatever they spawned.
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            _signal_all([pid for pid, _ in marked_processes(self.marker)], sig)
+            deadline = time.monotonic() + STOP_GRACE
+            while marked_processes(self.marker) and time.monotonic() < deadline:
+                time.sleep(0.5)
+        return marked_processes(self.marker)
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[Processes]:
+    procs = Processes(tmp_path)
+    yield procs
+    procs.stop()
+
+
+# ---- graphfed side ----------------------------------------------------------------------------------------
+def write_app(tmp_path: Path, name: str, method: str, *overrides: str, eval_every: int = 2,
+              round_timeout: float = 45) -> tuple[Path, Path]:
+    """A Flower App folder made by the real ``graphfed flower-app`` CLI; returns (app folder, results folder)."""
+    options = PANACEA_OPTIONS if method == "panacea" else ""
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(BASE_YAML.format(clients=NUM_NODES, method=method, options=options, eval_every=eval_every,
+                                       round_timeout=round_timeout))
+    app, results = tmp_path / f"{name}-app", tmp_path / f"{name}-results"
+    args = [str(VENV_BIN / "graphfed"), "flower-app", str(config), "--out", str(app), "--results", str(results)]
+    for override in overrides:
+        args += ["--set", override]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, f"graphfed flower-app failed:\n{done.stdout}\n{done.stderr}"
+    assert (app / "pyproject.toml").is_file()
+    return app, results
+
+
+def read_summary(results: Path, procs: Processes) -> dict[str, Any]:
+    path = results / "summary.json"
+    assert path.is_file(), f"the ServerApp wrote no {path}\n{procs.tails()}"
+    return json.loads(path.read_text())
+
+
+def run_flwr(procs: Processes, name: str, args: list[str], env: dict[str, str]) -> str:
+    """``flwr ARGS`` to completion (the exit code is not checked: ``flwr run`` exits 0 on ServerApp crashes);
+    returns its output."""
+    proc = procs.start(name, [str(VENV_BIN / "flwr"), *args], env)
+    procs.wait(proc, RUN_TIMEOUT, f"flwr {args[0]}")
+    return proc.log.read_text(errors="replace")
+
+
+# ---- (A) flwr run, local simulation -----------------------------------------------------------------------
+@pytest.mark.slow
+def test_flwr_run_local_simulation_runs_panacea_and_leaves_nothing_behind(tmp_path: Path,
+                                                                           processes: Processes) -> None:
+    """`graphfed flower-app` + `flwr run APP sim` (3 simulated SuperNodes on Ray, 2 rounds of Panacea): the
+    ServerApp writes a completed summary with a sensible accuracy, its log reaches the `--stream` output,
+    and stopping the auto-started local SuperLink leaves no flwr/Ray process running."""
+    app, results = write_app(tmp_path, "sim", "panacea", "train.eval_every=1")
+    home = tmp_path / "flwr-home"
+    home.mkdir()
+    (home / "config.toml").write_text('[superlink]\ndefault = "sim"\n\n[superlink.sim]\n'
+                                      'address = ":local-in-memory:"\n')
+    (port,) = free_ports(1)
+    env = processes.env(home, FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(port))
+    output = run_flwr(processes, "flwr-run-sim", [
+        "run", str(app), "sim", "--federation-config", f"num-supernodes={NUM_NODES} client-resources-num-cpus=1",
+        "--stream"], env)
+
+    summary = read_summary(results, processes)
+    assert summary["status"] == "completed", processes.tails()
+    assert summary["method"] == "panacea" and summary["rounds"] == 2
+    assert summary["dropped_clients"] == []
+    assert isinstance(summary["test_mean"], float) and summary["test_mean"] >= 0.5, summary
+    assert [r["round"] for r in read_rounds(results)] == [1, 2]
+    assert "graphfed run completed" in output, processes.tails()
+
+    # The local SuperLink runs detached from `flwr run`; it and its SuperExec are still up until stopped.
+    survivors = processes.stop()
+    assert survivors == [], f"still running after SIGTERM/SIGKILL: {survivors}"
+
+
+# ---- (B) deployment: flower-superlink + flower-supernode processes ------------------------------------------
+@dataclass
+class Deployment:
+    """One ``flower-superlink`` and ``NUM_NODES`` ``flower-supernode`` processes (partition i on node i)."""
+
+    procs: Processes
+    home: Path
+    superlink_port: int
+    node_ports: list[int]
+
+    def cli_env(self) -> dict[str, str]:
+        return self.procs.env(self.home)
+
+    def start_superlink(self) -> None:
+        proc = self.procs.start("superlink", [
+            str(VENV_BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port",
+            str(self.superlink_port), "--disable-runtime-dependency-installation"], self.cli_env())
+        deadline = time.monotonic() + SUPERLINK_START_TIMEOUT
+        while time.monotonic() < deadline:
+            assert proc.alive(), f"flower-superlink exited\n{self.procs.tails()}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.superlink_port}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        pytest.fail(f"flower-superlink not healthy after {SUPERLINK_START_TIMEOUT:.0f} s\n{self.procs.tails()}")
+
+    def start_supernode(self, partition: int) -> None:
+        # Own FLWR_HOME per node: nodes install the same app bundle, and flwr's install is not safe to race.
+        env = self.procs.env(self.home.parent / f"node{partition}-home")
+        self.procs.start(f"supernode{partition}", [
+            str(VENV_BIN / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{self.superlink_port}",
+            "--host", "127.0.0.1", "--port", str(self.node_ports[partition]),
+            "--node-config", f"partition-id={partition} num-partitions={NUM_NODES}"], env)
+
+    def ensure_supernodes(self) -> None:
+        """(Re)start any supernode that is not running (a test before may have killed one)."""
+        for partition in range(NUM_NODES):
+            names = [p.name for p in self.procs.procs]
+            if f"supernode{partition}" not in names or not self.procs.get(f"supernode{partition}").alive():
+                self.start_supernode(partition)
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    workdir = tmp_path_factory.mktemp("deployment")
+    procs = Processes(workdir)
+    superlink_port, *node_ports = free_ports(1 + NUM_NODES)
+    home = workdir / "flwr-home"
+    home.mkdir()
+    (home / "config.toml").write_text(f'[superlink]\ndefault = "dep"\n\n[superlink.dep]\n'
+                                      f'address = "127.0.0.1:{superlink_port}"\ninsecure = true\n')
+    dep = Deployment(procs, home, superlink_port, node_ports)
+    try:
+        dep.start_superlink()
+        dep.ensure_supernodes()  # the ServerApp waits for them (flower.node_wait_timeout)
+        yield dep
+    finally:
+        survivors = procs.stop()
+        assert survivors == [], f"still running after SIGTERM/SIGKILL: {survivors}"
+
+
+@pytest.mark.slow
+def test_deployment_superlink_and_three_supernodes_run_fedavg(deployment: Deployment) -> None:
+    """`flwr run APP dep` against a real SuperLink with 3 SuperNodes (partition ids 0-2), 2 rounds of FedAvg:
+    every client is found through its QUERY reply, nobody is dropped, the run completes."""
+    deployment.ensure_supernodes()
+    app, results = write_app(deployment.procs.workdir, "fedavg", "fedavg")
+    output = run_flwr(deployment.procs, "flwr-run-fedavg", ["run", str(app), "dep", "--stream"],
+                      deployment.cli_env())
+
+    summary = read_summary(results, deployment.procs)
+    assert summary["status"] == "completed", deployment.procs.tails()
+    assert summary["rounds"] == 2 and summary["num_clients"] == NUM_NODES
+    assert summary["dropped_clients"] == [], summary["dropped_clients"]
+    assert summary["test_mean"] is not None
+    assert "3 of 3 clients have a node" in output, deployment.procs.tails()
+
+
+@pytest.mark.slow
+def test_deployment_run_survives_a_killed_supernode(deployment: Deployment) -> None:
+    """3 rounds of FedAvg, evaluated every round; right after round 1's record appears in rounds.jsonl the
+    SuperNode of client 2 is SIGKILLed (with its ClientApp processes). The server waits out the round
+    timeout (or gets the SuperLink's error reply), drops client 2 from round 2 on, logs it, and finishes
+    all 3 rounds with clients 0 and 1; summary.json names client 2 and only client 2 as dropped."""
+    deployment.ensure_supernodes()
+    procs = deployment.procs
+    app, results = write_app(procs.workdir, "kill", "fedavg", "train.rounds=3", eval_every=1, round_timeout=40)
+    run = procs.start("flwr-run-kill", [str(VENV_BIN / "flwr"), "run", str(app), "dep", "--stream"],
+                      deployment.cli_env())
+
+    rounds_log = results / "rounds.jsonl"
+    deadline = time.monotonic() + FIRST_ROUND_TIMEOUT
+    while not (rounds_log.exists() and rounds_log.read_text().strip()):
+        if time.monotonic() > deadline or not run.alive():
+            pytest.fail(f"round 1 never reached {rounds_log} (flwr run exit {run.popen.poll()})\n{procs.tails()}")
+        time.sleep(0.2)
+    procs.get("supernode2").signal_group(signal.SIGKILL)
+    procs.wait(run, RUN_TIMEOUT, "the run after the kill")
+
+    summary = read_summary(results, procs)
+    assert summary["status"] == "completed", procs.tails()
+    assert summary["rounds"] == 3
+    assert [r["round"] for r in read_rounds(results)] == [1, 2, 3]
+    dropped = summary["dropped_clients"]
+    assert {d["client"] for d in dropped} == {2}, dropped
+    assert {2, 3} <= {d["round"] for d in dropped}, dropped
+    assert min(d["round"] for d in dropped) == 2, dropped
+    output = run.log.read_text(errors="replace")
+    assert "round 2: client 2 dropped" in output, procs.tails()
+    assert "client drops" in output and "graphfed run completed" in output, procs.tails()
