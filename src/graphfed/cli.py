@@ -159,6 +159,20 @@ def flower_app(config: Annotated[Path, typer.Argument(help="YAML run config")],
                   f"  deployment: see README, section 'Flower'")
 
 
+@app.command("plot-graphs")
+def plot_graphs_command(run_dir: Annotated[Path, typer.Argument(help="a run directory with graphs/")],
+                        out: Annotated[Path | None, typer.Option(help="default RUN_DIR/plots")] = None) -> None:
+    """Heatmaps of a run's collaboration graphs, per layer and over rounds."""
+    from graphfed.report.plots import plot_graphs
+
+    try:
+        paths = plot_graphs(run_dir, out)
+    except (FileNotFoundError, ValueError) as err:
+        _fail(str(err), EXIT_RUN)
+    for path in paths:
+        console.print(f"wrote {path}")
+
+
 @app.command("list")
 def list_components() -> None:
     """Methods, datasets and models graphfed knows."""

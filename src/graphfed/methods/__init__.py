@@ -8,13 +8,14 @@ from pydantic import ValidationError
 
 from graphfed.config import ConfigError
 from graphfed.methods.base import Method, MethodContext, MethodOptions
+from graphfed.methods.fedaghn import FedAGHN
 from graphfed.methods.fedavg import FedAvg, FedAvgFT
 from graphfed.methods.local import Local
 from graphfed.methods.panacea import Panacea, PanaceaGN, PanaceaMLP
 from graphfed.methods.pfedhn import PFedHN
 
 METHODS: dict[str, type[Method]] = {
-    cls.name: cls for cls in (Local, FedAvg, FedAvgFT, PFedHN, Panacea, PanaceaGN, PanaceaMLP)
+    cls.name: cls for cls in (Local, FedAvg, FedAvgFT, PFedHN, Panacea, PanaceaGN, PanaceaMLP, FedAGHN)
 }
 
 

@@ -50,3 +50,52 @@ def plot_comparison(histories: dict[str, list[dict[str, Any]]], path: Path, metr
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_graphs(run_dir: Path, out_dir: Path | None = None, max_rounds: int = 6) -> list[Path]:
+    """Heatmaps of a run's collaboration graphs (``graphs/round_*.npz``).
+
+    Writes ``graphs_layers.png`` (the last saved round, one panel per layer) and
+    ``graphs_over_rounds.png`` (the layer-mean graph at up to ``max_rounds`` rounds spread over the run).
+    Row i holds the weights client i gives every client, as in FedAGHN Fig. 4-5 and pFedGAT Fig. 3.
+    """
+    from graphfed.sim.checkpoint import load_graphs
+
+    saved = load_graphs(run_dir)
+    if not saved:
+        raise FileNotFoundError(f"{run_dir / 'graphs'}: no collaboration graphs saved (the method has none, "
+                                "or the run evaluated no round)")
+    out_dir = out_dir or run_dir / "plots"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    last_round, layers, matrices = saved[-1]
+    paths = [_heatmap_grid([(name, matrices[i]) for i, name in enumerate(layers)],
+                           f"collaboration graph per layer, round {last_round}", out_dir / "graphs_layers.png")]
+    step = max(1, len(saved) // max_rounds)
+    picked = saved[::step][-max_rounds:]
+    if picked[-1][0] != last_round:
+        picked = [*picked[1:], saved[-1]]
+    over_rounds = [(f"round {r}", m.mean(0)) for r, _, m in picked]
+    paths.append(_heatmap_grid(over_rounds, "collaboration graph (mean over layers) over rounds",
+                               out_dir / "graphs_over_rounds.png"))
+    return paths
+
+
+def _heatmap_grid(panels: list[tuple[str, Any]], title: str, path: Path) -> Path:
+    columns = min(4, len(panels))
+    rows = (len(panels) + columns - 1) // columns
+    fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 3.0 * rows), squeeze=False, layout="constrained")
+    vmax = max(float(matrix.max()) for _, matrix in panels)
+    image = None
+    for ax, (name, matrix) in zip(axes.flat, panels, strict=False):
+        image = ax.imshow(matrix, cmap="viridis", vmin=0.0, vmax=vmax)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("client j", fontsize=8)
+        ax.set_ylabel("client i", fontsize=8)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    if image is not None:
+        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="weight")
+    fig.suptitle(title)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

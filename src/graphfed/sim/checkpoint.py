@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 CHECKPOINT = "checkpoint.pt"
@@ -40,8 +42,6 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def save_checkpoint(out_dir: Path, state: dict[str, Any]) -> None:
-    import io
-
     buffer = io.BytesIO()
     torch.save(state, buffer)
     atomic_write_bytes(out_dir / CHECKPOINT, buffer.getvalue())
@@ -83,6 +83,36 @@ class RoundLog:
         if not self.path.exists():
             return []
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+
+GRAPHS_DIR = "graphs"
+
+
+def save_graphs(out_dir: Path, completed_rounds: int, graphs: torch.Tensor, layer_names: list[str]) -> Path:
+    """``graphs/round_XXXX.npz``: the method's collaboration graph(s) after ``completed_rounds`` rounds.
+
+    ``matrices`` is ``[L, N, N]`` (one per layer; L = 1 for a single client graph), ``layers`` their names.
+    """
+    matrices = graphs.detach().cpu().numpy()
+    if matrices.ndim == 2:
+        matrices = matrices[None]
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, matrices=matrices, layers=np.array(layer_names), round=completed_rounds)
+    path = out_dir / GRAPHS_DIR / f"round_{completed_rounds:04d}.npz"
+    atomic_write_bytes(path, buffer.getvalue())
+    return path
+
+
+def load_graphs(run_dir: Path) -> list[tuple[int, list[str], np.ndarray]]:
+    """All saved collaboration graphs of a run, by round: ``(round, layer names, [L, N, N])``."""
+    found = []
+    for path in sorted((run_dir / GRAPHS_DIR).glob("round_*.npz")):
+        try:
+            with np.load(path) as data:
+                found.append((int(data["round"]), [str(n) for n in data["layers"]], data["matrices"]))
+        except (OSError, ValueError, KeyError) as err:
+            raise ValueError(f"{path}: not a readable graph file ({err})") from None
+    return found
 
 
 def write_summary(out_dir: Path, summary: dict[str, Any]) -> None:

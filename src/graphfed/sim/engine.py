@@ -195,6 +195,14 @@ class Simulator:
         finally:
             method.load_state_dict(saved)
 
+    def _save_graphs(self, completed_rounds: int) -> None:
+        """Collaboration graphs are a result: save them at every evaluation (methods that have them)."""
+        graphs = self.setup.method.collaboration_graph()
+        if self.out_dir is None or graphs is None:
+            return
+        names = list(self.setup.spec.layers) if graphs.ndim == 3 else ["client graph"]
+        io.save_graphs(self.out_dir, completed_rounds, graphs, names)
+
     # ---- checkpoints --------------------------------------------------------------------------------
     def _checkpoint_state(self, completed_rounds: int) -> dict[str, Any]:
         return {"completed_rounds": completed_rounds, "config": dump_config(self.config),
@@ -244,6 +252,7 @@ class Simulator:
                                   wall_seconds=self.tracker.elapsed + time.perf_counter() - segment_start)
                     self.tracker.offer(record)
                     history.append(record)
+                    self._save_graphs(completed)
                     if rounds_log:
                         rounds_log.append(record)
                     bar.set_postfix({f"val_{fed.metric}": f"{record['val_mean']:.4g}",

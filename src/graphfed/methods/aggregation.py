@@ -1,0 +1,52 @@
+"""Shared base of the personalised-aggregation family (FedAGHN, pFedGAT, SFL, FedAMP, ...).
+
+The server keeps every client's latest trained model; the model a client starts a round from is a
+per-layer weighted combination of them (``graphfed.core.mixing.mix_layers``), and its personalised model is
+what its local training makes of that start (FedAGHN Fig. 2, step 5), so evaluation uses each client's
+latest trained model (clients that never trained, e.g. novel ones, get the aggregate). Subclasses only say
+how the mixing matrices are made (and learned); the matrices are the method's collaboration graph.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+import torch
+
+from graphfed.core.mixing import layer_bounds, mix_layers
+from graphfed.methods.base import Method, MethodContext, MethodOptions
+
+
+class PersonalizedAggregation(Method):
+    def __init__(self, context: MethodContext, options: MethodOptions) -> None:
+        super().__init__(context, options)
+        n = context.num_clients
+        self.num_layers = len(layer_bounds(context.spec))
+        self.client_weights = context.init_weights.unsqueeze(0).repeat(n, 1)  # theta_j: latest local models
+        self.latest_delta = torch.zeros(n, context.spec.dim)  # each client's most recent update
+        self.has_trained = torch.zeros(n, dtype=torch.bool)
+        self.rounds_seen = 0
+
+    @abstractmethod
+    def mixing(self, client_ids: torch.Tensor) -> torch.Tensor:
+        """``[L, S, N]`` row-stochastic mixing weights of ``client_ids`` over all clients (may carry grad)."""
+
+    def personalize(self, client_ids: torch.Tensor) -> torch.Tensor:
+        return mix_layers(self.mixing(client_ids), self.client_weights, self.context.spec)
+
+    def record_updates(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor) -> None:
+        """Store the clients' trained models and updates (call after any learning that needs the old ones)."""
+        self.client_weights[client_ids] = (sent - delta).detach()
+        self.latest_delta[client_ids] = delta.detach()
+        self.has_trained[client_ids] = True
+        self.rounds_seen += 1
+
+    @torch.no_grad()
+    def eval_weights(self, client_ids: torch.Tensor) -> torch.Tensor:
+        trained = self.has_trained[client_ids].unsqueeze(1)
+        return torch.where(trained, self.client_weights[client_ids], self.personalize(client_ids))
+
+    @torch.no_grad()
+    def collaboration_graph(self) -> torch.Tensor:
+        """``[L, N, N]``: row i holds the weights client i's personalised model gives every client."""
+        return self.mixing(torch.arange(self.context.num_clients)).detach()

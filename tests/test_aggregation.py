@@ -1,0 +1,127 @@
+"""The personalised-aggregation kernel, FedAGHN's collaboration weights, and saved collaboration graphs."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from conftest import ConfigFactory
+from graphfed.cli import app
+from graphfed.core.mixing import layer_bounds, mix_layers
+from graphfed.core.params import ParamSpec
+from graphfed.methods.fedaghn import FedAGHN
+from graphfed.models.mlp import MLP
+from graphfed.sim.engine import Simulator, run_config
+
+
+def test_mix_layers_equals_a_naive_per_client_per_layer_loop() -> None:
+    """Kernel output == sum_j W^r[i, j] * theta_j[layer r], computed client by client, tensor by tensor."""
+    spec = ParamSpec.from_module(MLP(3, 2, hidden=4))
+    g = torch.Generator().manual_seed(0)
+    num_clients, requested = 5, torch.tensor([4, 1, 2])
+    weights = torch.randn(num_clients, spec.dim, generator=g)
+    mixing = torch.softmax(torch.randn(len(spec.layers), len(requested), num_clients, generator=g), dim=-1)
+    fast = mix_layers(mixing, weights, spec)
+    naive = torch.zeros(len(requested), spec.dim)
+    for s in range(len(requested)):
+        for r, specs in enumerate(spec.layers.values()):
+            for tensor in specs:
+                for j in range(num_clients):
+                    naive[s, tensor.slice] += mixing[r, s, j] * weights[j, tensor.slice]
+    torch.testing.assert_close(fast, naive, atol=1e-6, rtol=1e-6)
+
+
+def test_mix_layers_rejects_a_wrong_layer_count() -> None:
+    spec = ParamSpec.from_module(MLP(3, 2, hidden=4))
+    with pytest.raises(ValueError, match="3 layers"):
+        mix_layers(torch.ones(2, 1, 4) / 4, torch.zeros(4, spec.dim), spec)
+
+
+def _fedaghn_after_rounds(make_config: ConfigFactory, rounds: int, *overrides: str) -> Simulator:
+    simulator = Simulator(make_config("fedaghn", "train.clients_per_round=12", *overrides), progress=False)
+    for round_index in range(rounds):
+        simulator.run_round(round_index)
+    return simulator
+
+
+def test_fedaghn_round_zero_is_uniform(make_config: ConfigFactory) -> None:
+    method = Simulator(make_config("fedaghn"), progress=False).setup.method
+    mixing = method.mixing(torch.arange(12))
+    torch.testing.assert_close(mixing, torch.full_like(mixing, 1 / 12))
+
+
+def test_fedaghn_weights_sum_to_one_with_self_weight_p_over_one_plus_p(make_config: ConfigFactory) -> None:
+    """Every client's per-layer weights sum to 1; its self weight is p/(1+p) with p clamped at 0."""
+    simulator = _fedaghn_after_rounds(make_config, 2)
+    method: FedAGHN = simulator.setup.method  # type: ignore[assignment]
+    with torch.no_grad():
+        method.self_strength[3, 0] = -0.5  # clamped to 0: no self weight
+        method.self_strength[5, 1] = 0.25
+    ids = torch.arange(12)
+    mixing = method.mixing(ids).detach()
+    torch.testing.assert_close(mixing.sum(-1), torch.ones(method.num_layers, 12))
+    assert mixing[0, 3, 3] == 0.0
+    assert mixing[1, 5, 5].item() == pytest.approx(0.25 / 1.25)
+    p = method.self_strength.detach().clamp_min(0)
+    torch.testing.assert_close(mixing.diagonal(dim1=1, dim2=2), (p / (1 + p)).T)
+
+
+def test_fedaghn_prefers_clients_with_similar_updates(make_config: ConfigFactory) -> None:
+    """With q > 0 the client whose previous update points the same way gets more weight than an opposite one."""
+    simulator = _fedaghn_after_rounds(make_config, 1, "method.options={init_q: 5.0}")
+    method: FedAGHN = simulator.setup.method  # type: ignore[assignment]
+    method.latest_delta[1] = method.latest_delta[0]
+    method.latest_delta[2] = -method.latest_delta[0]
+    weights = method.mixing(torch.tensor([0])).detach()[:, 0]
+    assert torch.all(weights[:, 1] > weights[:, 2])
+
+
+@pytest.mark.parametrize("sign", ["descent", "released"])
+def test_fedaghn_hypergradient_sign_moves_p_as_documented(make_config: ConfigFactory, sign: str) -> None:
+    """Toy check: when the client's delta says 'move towards your own old model' (delta = sent - own
+    model, i.e. the loss gradient points away from it), the descent sign raises the self weight p and
+    the released sign lowers it."""
+    simulator = _fedaghn_after_rounds(make_config, 2, f"method.options={{hypergrad_sign: {sign}, server_lr: 0.5}}")
+    method: FedAGHN = simulator.setup.method  # type: ignore[assignment]
+    ids = torch.arange(12)
+    sent = method.personalize(ids).detach()
+    toward_own_model = sent - method.client_weights  # SGD on 0.5||theta - own||^2 gives this delta
+    before = method.self_strength.detach().clone()
+    metrics = {"num_examples": torch.ones(12)}
+    method.update(ids, sent, toward_own_model, metrics)
+    moved = (method.self_strength.detach() - before).mean()
+    assert (moved > 0) if sign == "descent" else (moved < 0)
+
+
+def test_collaboration_graphs_are_saved_and_plotted(make_config: ConfigFactory, tmp_path: Path) -> None:
+    """A FedAGHN run saves [layers, N, N] row-stochastic graphs at every evaluation; plot-graphs draws them."""
+    run_config(make_config("fedaghn", "train.rounds=10", "train.eval_every=5"), tmp_path, progress=False)
+    saved = sorted((tmp_path / "graphs").glob("round_*.npz"))
+    assert [p.name for p in saved] == ["round_0005.npz", "round_0010.npz"]
+    with np.load(saved[-1]) as data:
+        matrices, layers = data["matrices"], list(data["layers"])
+    assert matrices.shape == (3, 12, 12) and len(layers) == 3
+    np.testing.assert_allclose(matrices.sum(-1), 1.0, atol=1e-5)
+    result = CliRunner().invoke(app, ["plot-graphs", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    for name in ("graphs_layers.png", "graphs_over_rounds.png"):
+        assert (tmp_path / "plots" / name).stat().st_size > 1000
+
+
+def test_plot_graphs_explains_a_run_without_graphs(make_config: ConfigFactory, tmp_path: Path) -> None:
+    run_config(make_config("fedavg", "train.rounds=5"), tmp_path, progress=False)
+    result = CliRunner().invoke(app, ["plot-graphs", str(tmp_path)])
+    assert result.exit_code == 3
+    assert "no collaboration graphs saved" in result.output
+
+
+def test_layer_bounds_are_contiguous_and_cover_the_row() -> None:
+    spec = ParamSpec.from_module(MLP(3, 2, hidden=4))
+    bounds = layer_bounds(spec)
+    assert bounds[0][0] == 0 and bounds[-1][1] == spec.dim
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
