@@ -22,6 +22,7 @@ FLOWER_BASE = [
 ]
 SMALL_SERVER = {
     "pfedhn": "method.options={hidden: 16, embedding_dim: 4}",
+    "pfedgat": "method.options={heads: 2, head_dim: 4}",
     "panacea": "method.options={embedding_dim: 8, gnn_hidden: 16, hypernet_hidden: 16, server_steps: 2}",
 }
 
@@ -39,10 +40,12 @@ def comparable(summary: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in without_wall_time(summary).items() if k != "dropped_clients"}
 
 
-@pytest.mark.parametrize("method", ["fedavg", "pfedhn", "panacea"])
+@pytest.mark.parametrize("method", ["fedavg", "pfedhn", "panacea", "fedaghn", "pfedgat", "pfedgat-loss-only"])
 def test_flower_engine_gives_the_simulators_numbers(method: str) -> None:
-    """3 rounds on FL-N with 6 clients: every metric of the summary equals the simulator's, exactly."""
-    config = flower_config(method)
+    """3 rounds on FL-N with 6 clients: every metric of the summary equals the simulator's, exactly
+    (pFedGAT's validation feedback travels in the reply too)."""
+    config = (flower_config("pfedgat", "method.options={heads: 2, head_dim: 4, feedback: loss_only}")
+              if method == "pfedgat-loss-only" else flower_config(method))
     simulated = run_config(config, progress=False)
     grid = grid_for(config)
     on_flower = run_on_grid(grid, config, None)

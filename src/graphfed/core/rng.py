@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-STREAMS = {"sampling": 1, "local_training": 2, "evaluation": 3, "method": 4, "init": 5, "novel": 6}
+STREAMS = {"sampling": 1, "local_training": 2, "evaluation": 3, "method": 4, "init": 5, "novel": 6, "feedback": 7}
 
 
 def stream_seed(seed: int, round_index: int, purpose: str, client: int | None = None) -> int:
@@ -21,6 +21,12 @@ def stream_seed(seed: int, round_index: int, purpose: str, client: int | None = 
 def client_seeds(seed: int, round_index: int, purpose: str, client_ids: torch.Tensor) -> list[int]:
     """One stream per client, so a client draws the same numbers whether it trains alone or in a batch."""
     return [stream_seed(seed, round_index, purpose, int(c)) for c in client_ids]
+
+
+def unit_direction(seed: int, dim: int) -> torch.Tensor:
+    """A random unit vector in ``R^dim`` from ``seed``: client and server draw the same one from the seed."""
+    direction = torch.randn(dim, generator=torch.Generator().manual_seed(int(seed)))
+    return direction / direction.norm().clamp_min(1e-12)
 
 
 def generator(seed: int, round_index: int, purpose: str) -> torch.Generator:

@@ -36,19 +36,32 @@ def train_content(weights: torch.Tensor, client_id: int, round_index: int, purpo
                   training: LocalTraining) -> RecordDict:
     config = ConfigRecord({"client-id": client_id, "round": round_index, "purpose": purpose, "seed": seed,
                            "steps": training.steps, "batch-size": training.batch_size, "lr": training.lr,
-                           "prox-mu": training.prox_mu})
+                           "prox-mu": training.prox_mu, "feedback": training.feedback,
+                           "feedback-mu": training.feedback_mu})
     return RecordDict({"arrays": weights_record(weights), "config": config})
 
 
 def training_from(config: ConfigRecord) -> LocalTraining:
     return LocalTraining(int(config["steps"]), int(config["batch-size"]), float(config["lr"]),
-                         float(config["prox-mu"]))
+                         float(config["prox-mu"]), str(config["feedback"]), float(config["feedback-mu"]))
 
 
 def train_reply(delta: torch.Tensor, metrics: dict[str, torch.Tensor], client_id: int) -> RecordDict:
     values = {"client-id": client_id, "num-examples": int(metrics["num_examples"][0]),
               "loss-first": float(metrics["loss_first"][0]), "loss-last": float(metrics["loss_last"][0])}
-    return RecordDict({"delta": weights_record(delta[0]), "metrics": MetricRecord(values)})
+    content = RecordDict({"delta": weights_record(delta[0]), "metrics": MetricRecord(values)})
+    if "feedback" in metrics:
+        content["feedback"] = weights_record(metrics["feedback"][0])
+    return content
+
+
+def reply_feedback(content: RecordDict, seed: int, round_index: int, client_id: int) -> dict[str, torch.Tensor]:
+    """The client's feedback array, and the seed of its direction (the server derives it as the client did)."""
+    from graphfed.core import rng
+
+    feedback_seed = rng.stream_seed(seed, round_index, "feedback", client_id)
+    return {"feedback": record_weights(content["feedback"]).unsqueeze(0),
+            "feedback_seed": torch.tensor([feedback_seed], dtype=torch.int64)}
 
 
 def reply_metrics(metrics: MetricRecord) -> dict[str, torch.Tensor]:

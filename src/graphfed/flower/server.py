@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 
 import torch
 from flwr.app import Message, MessageType, RecordDict
@@ -116,8 +117,7 @@ class FlowerExecutor(ClientExecutor):
     # ---- ClientExecutor --------------------------------------------------------------------------------
     def train(self, client_ids: torch.Tensor, start: torch.Tensor, round_index: int, purpose: str,
               steps: int | None = None) -> TrainResult:
-        training = self.training if steps is None else LocalTraining(
-            steps, self.training.batch_size, self.training.lr, self.training.prox_mu)
+        training = self.training if steps is None else replace(self.training, steps=steps)
         contents = [protocol.train_content(start[row], int(cid), round_index, purpose, self.config.seed, training)
                     for row, cid in enumerate(client_ids.tolist())]
         replies = self._exchange(client_ids, contents, MessageType.TRAIN, round_index)
@@ -129,6 +129,9 @@ class FlowerExecutor(ClientExecutor):
             try:
                 delta = protocol.record_weights(reply.content["delta"])
                 reply_metrics = protocol.reply_metrics(reply.content["metrics"])
+                if training.feedback != "none" and purpose == "local_training":
+                    reply_metrics.update(protocol.reply_feedback(reply.content, self.config.seed, round_index,
+                                                                 client_id))
             except (KeyError, ValueError, TypeError) as err:
                 self._drop(round_index, client_id, f"malformed reply ({err})")
                 continue
@@ -142,8 +145,8 @@ class FlowerExecutor(ClientExecutor):
             deltas.append(delta)
             metrics.append(reply_metrics)
         index = torch.tensor(rows, dtype=torch.long)
-        merged = {key: torch.cat([m[key] for m in metrics]) if metrics else torch.zeros(0)
-                  for key in ("num_examples", "loss_first", "loss_last")}
+        keys = metrics[0].keys() if metrics else ("num_examples", "loss_first", "loss_last")
+        merged = {key: torch.cat([m[key] for m in metrics]) if metrics else torch.zeros(0) for key in keys}
         stacked = torch.stack(deltas) if deltas else torch.zeros(0, self.dim)
         return TrainResult(index, client_ids[index], stacked, merged)
 

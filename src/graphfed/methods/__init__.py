@@ -12,10 +12,11 @@ from graphfed.methods.fedaghn import FedAGHN
 from graphfed.methods.fedavg import FedAvg, FedAvgFT
 from graphfed.methods.local import Local
 from graphfed.methods.panacea import Panacea, PanaceaGN, PanaceaMLP
+from graphfed.methods.pfedgat import PFedGAT
 from graphfed.methods.pfedhn import PFedHN
 
 METHODS: dict[str, type[Method]] = {
-    cls.name: cls for cls in (Local, FedAvg, FedAvgFT, PFedHN, Panacea, PanaceaGN, PanaceaMLP, FedAGHN)
+    cls.name: cls for cls in (Local, FedAvg, FedAvgFT, PFedHN, Panacea, PanaceaGN, PanaceaMLP, FedAGHN, PFedGAT)
 }
 
 

@@ -58,6 +58,10 @@ class Method(ABC):
     eval_finetune_steps: int = 0
     #: proximal coefficient for the client objective (FedProx-style methods)
     prox_mu: float = 0.0
+    #: extra report clients send about the weights they received (see ``LocalTraining.feedback``);
+    #: it arrives in ``update``'s metrics as ``feedback`` (and ``feedback_seed`` per client)
+    client_feedback: str = "none"
+    feedback_mu: float = 1e-3
 
     def __init__(self, context: MethodContext, options: MethodOptions) -> None:
         self.context = context

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from graphfed.core.params import ParamSpec
+from graphfed.core.rng import unit_direction as rng_direction
 from graphfed.data.federation import ClientSplit, Task
 from graphfed.models.base import TargetModel
 
@@ -25,6 +26,10 @@ class LocalTraining:
     batch_size: int
     lr: float
     prox_mu: float = 0.0
+    #: what the client reports about the sent weights besides its update (pFedGAT): "none",
+    #: "val_gradient" (dL_val/d sent) or "val_loss_pair" (L_val at sent +- feedback_mu * u, u from a seed)
+    feedback: str = "none"
+    feedback_mu: float = 1e-3
 
 
 def per_client_loss(outputs: torch.Tensor, targets: torch.Tensor, task: Task,
@@ -109,6 +114,31 @@ def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data
     metrics = {"loss_first": first_loss * has_data, "loss_last": last_loss * has_data,
                "num_examples": data.counts.to(torch.float32)}
     return spec.flatten(weights, batch_dims=1), metrics
+
+
+def validation_feedback(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data: ClientSplit, task: Task,
+                        training: LocalTraining, seeds: Sequence[int]) -> torch.Tensor:
+    """What a client tells the server about the weights it was sent, measured on its validation split.
+
+    ``val_gradient``: ``[S, dim]``, the gradient of its validation loss at ``start`` (as large as a model).
+    ``val_loss_pair``: ``[S, 2]``, its validation loss at ``start + mu*u`` and ``start - mu*u`` with ``u`` a
+    unit direction drawn from ``seeds[i]`` (two scalars; the server redraws ``u`` from the same seed).
+    """
+    mask = data.mask()
+
+    def losses(weights: torch.Tensor) -> torch.Tensor:
+        return per_client_loss(model.batched_forward(spec.unflatten(weights), data.x), data.y, task, mask)
+
+    if training.feedback == "val_gradient":
+        leaf = start.detach().clone().requires_grad_(True)
+        (gradient,) = torch.autograd.grad(losses(leaf).sum(), leaf)
+        return gradient
+    if training.feedback == "val_loss_pair":
+        directions = torch.stack([rng_direction(seed, spec.dim) for seed in seeds])
+        with torch.no_grad():
+            step = training.feedback_mu * directions
+            return torch.stack([losses(start + step), losses(start - step)], dim=1)
+    raise ValueError(f"unknown client feedback {training.feedback!r}; allowed: none, val_gradient, val_loss_pair")
 
 
 @dataclass

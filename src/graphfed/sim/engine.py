@@ -60,7 +60,8 @@ class Setup:
 
 def local_training(config: RunConfig, method: Method) -> LocalTraining:
     """How clients train under ``config`` for ``method`` (its objective may add a proximal term)."""
-    return LocalTraining(config.train.local_steps, config.train.batch_size, config.train.lr, method.prox_mu)
+    return LocalTraining(config.train.local_steps, config.train.batch_size, config.train.lr, method.prox_mu,
+                         method.client_feedback, method.feedback_mu)
 
 
 def build_setup(config: RunConfig, federation: Federation | None = None) -> Setup:
@@ -146,7 +147,9 @@ class Simulator:
             log.warning("round %d: no client update arrived; the server model is unchanged", round_index + 1)
             return {"train_loss": float("nan"), "clients": 0}
         method.update(result.client_ids, sent[result.rows], result.delta, result.metrics)
-        self.tracker.bytes_up += len(result.client_ids) * spec.dim * BYTES_PER_VALUE
+        feedback = result.metrics.get("feedback")
+        sent_back = spec.dim + (feedback[0].numel() if feedback is not None else 0)
+        self.tracker.bytes_up += len(result.client_ids) * sent_back * BYTES_PER_VALUE
         loss = float(result.metrics["loss_last"].mean())
         if not math.isfinite(loss):
             raise NonFiniteUpdateError(f"round {round_index + 1}: non-finite training loss")

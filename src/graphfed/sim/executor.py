@@ -4,7 +4,7 @@ are rows of a tensor in this process (``ClientRuntime``) or Flower nodes on othe
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -12,7 +12,7 @@ from graphfed.core import rng
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import Federation
 from graphfed.models.base import TargetModel
-from graphfed.sim.client import ClientScores, LocalTraining, evaluate_clients, train_clients
+from graphfed.sim.client import ClientScores, LocalTraining, evaluate_clients, train_clients, validation_feedback
 
 SPLITS = ("val", "test")
 
@@ -73,13 +73,18 @@ class ClientRuntime(ClientExecutor):
 
     def train(self, client_ids: torch.Tensor, start: torch.Tensor, round_index: int, purpose: str,
               steps: int | None = None) -> TrainResult:
-        training = self.training if steps is None else LocalTraining(
-            steps, self.training.batch_size, self.training.lr, self.training.prox_mu)
+        training = self.training if steps is None else replace(self.training, steps=steps)
         # One stream per (round, purpose, client): a client draws the same batches wherever it runs.
         seeds = rng.client_seeds(self.seed, round_index, purpose, client_ids)
         trained, metrics = train_clients(self.model, self.spec, start, self.federation.train.select(client_ids),
                                          training, self.federation.task, seeds)
         check_update(trained, client_ids, self.spec.dim, round_index)  # before any arithmetic broadcasts it
+        if training.feedback != "none" and purpose == "local_training":
+            feedback_seeds = rng.client_seeds(self.seed, round_index, "feedback", client_ids)
+            validation = self.federation.val.select(client_ids)
+            metrics["feedback"] = validation_feedback(self.model, self.spec, start, validation, self.federation.task,
+                                                      training, feedback_seeds)
+            metrics["feedback_seed"] = torch.tensor(feedback_seeds, dtype=torch.int64)
         return TrainResult(torch.arange(len(client_ids)), client_ids, start - trained, metrics)
 
     def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int,
