@@ -39,12 +39,14 @@ def _assert_graph_ok(adj: torch.Tensor) -> None:
 
 
 def test_registry_names_and_unknown_dataset_error() -> None:
-    assert sorted(DATASETS) == ["digits", "fl60", "fln", "tpt48"]
+    assert sorted(DATASETS) == ["digits", "fashion-mnist", "fashion-mnist-casestudy", "fl60", "fln", "mnist",
+                                "tpt48"]
     assert DATASETS["tpt48"].task == "regression" and DATASETS["fl60"].task == "classification"
     with pytest.raises(ConfigError) as err:
         build_federation(DatasetConfig(name="mnistt"), seed=0)
     msg = str(err.value)
-    assert msg == "dataset.name: unknown dataset 'mnistt'; allowed: digits, fl60, fln, tpt48"
+    assert msg == ("dataset.name: unknown dataset 'mnistt'; allowed: digits, fashion-mnist, "
+                   "fashion-mnist-casestudy, fl60, fln, mnist, tpt48")
     assert "\n" not in msg
 
 

@@ -42,11 +42,19 @@ DATASETS: dict[str, DatasetInfo] = {
                     "classification"),
         DatasetInfo("tpt48", "TPT-48 monthly temperatures of 48 US states, 6-month-ahead regression, "
                     "state-border graph", "regression"),
+        DatasetInfo("mnist", "MNIST 28x28 digits, train+test pooled (70k), partitioned over dataset.num_clients "
+                    "clients (default 20, no graph)", "classification"),
+        DatasetInfo("fashion-mnist", "Fashion-MNIST 28x28, train+test pooled (70k), partitioned over "
+                    "dataset.num_clients clients (default 20, no graph)", "classification"),
+        DatasetInfo("fashion-mnist-casestudy", "Fashion-MNIST in FedAGHN's case-study split: 20 clients in 5 groups "
+                    "of 4; 80% of the data by group classes, 20% IID; client groups recorded", "classification"),
     )
 }
 
 FL60_CLIENTS = 60
 TPT48_CLIENTS = 48
+# dataset name -> folder under the data directory holding its IDX files
+IMAGE_FOLDERS = {"mnist": "mnist", "fashion-mnist": "fashion-mnist", "fashion-mnist-casestudy": "fashion-mnist"}
 
 
 def _split_clients(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], cfg: DatasetConfig, task: Task,
@@ -71,6 +79,53 @@ def _fixed_client_count(cfg: DatasetConfig, count: int) -> None:
                           f"got {cfg.num_clients}{hint}")
 
 
+def _partition_description(cfg: DatasetConfig) -> str:
+    """E.g. ``dirichlet partition (beta=0.5)``."""
+    return f"{cfg.partition} partition" + (
+        f" (beta={cfg.dirichlet_beta})" if cfg.partition == "dirichlet" else
+        f" ({cfg.classes_per_client} classes/client)" if cfg.partition == "pathological" else "")
+
+
+def _image_clients(cfg: DatasetConfig, rng: np.random.Generator,
+                   ) -> tuple[list[np.ndarray], list[np.ndarray], torch.Tensor | None, str]:
+    """Per-client (images, labels), client groups (case study only) and a description of an IDX image set.
+
+    A helper of its own so that the pooled 70k-image array is freed once the clients' copies exist.
+    """
+    from graphfed.data.datasets.digits import partition_indices
+    from graphfed.data.datasets.idx import (
+        CASESTUDY_GROUP_FRACTION,
+        CASESTUDY_GROUPS,
+        DEFAULT_NUM_CLIENTS,
+        NUM_CLASSES,
+        group_class_partition,
+        load_image_set,
+    )
+
+    num_clients = cfg.num_clients or DEFAULT_NUM_CLIENTS
+    casestudy = cfg.name == "fashion-mnist-casestudy"
+    if casestudy and num_clients < CASESTUDY_GROUPS:  # checked before the (seconds-long) load
+        raise ConfigError(f"dataset.num_clients: {cfg.name} needs at least {CASESTUDY_GROUPS} clients "
+                          f"(one per group), got {num_clients}")
+    images = load_image_set(cfg.resolved_data_dir() / IMAGE_FOLDERS[cfg.name], NUM_CLASSES)
+    groups: torch.Tensor | None = None
+    if casestudy:
+        split = group_class_partition(images.y, num_clients, CASESTUDY_GROUPS, CASESTUDY_GROUP_FRACTION, rng)
+        parts = split.clients
+        groups = torch.as_tensor(split.client_groups, dtype=torch.int64)
+        owned = "; ".join(f"group {g}: classes {', '.join(str(int(c)) for c in cls)}"
+                          for g, cls in enumerate(split.group_classes))
+        description = (f"Fashion-MNIST case study: {num_clients} clients in {CASESTUDY_GROUPS} groups; "
+                       f"{CASESTUDY_GROUP_FRACTION:.0%} of 70k images dealt by group classes ({owned}), "
+                       f"the rest IID over all clients (dataset.partition is not used)")
+    else:
+        parts = partition_indices(images.y, cfg, num_clients, rng)
+        title = "MNIST" if cfg.name == "mnist" else "Fashion-MNIST"
+        description = (f"{title}: {len(images.y)} images (train+test) over {num_clients} clients, "
+                       f"{_partition_description(cfg)}")
+    return [images.x[idx] for idx in parts], [images.y[idx] for idx in parts], groups, description
+
+
 def build_federation(cfg: DatasetConfig, seed: int) -> Federation:
     """Build the federation named by ``cfg.name``; the same (cfg, seed) gives identical tensors."""
     if cfg.name not in DATASETS:
@@ -80,6 +135,7 @@ def build_federation(cfg: DatasetConfig, seed: int) -> Federation:
     gen_rng, part_rng, split_rng, novel_rng = np.random.default_rng(seed).spawn(4)
 
     graph: torch.Tensor | None = None
+    groups: torch.Tensor | None = None
     names: list[str] = []
     input_shape: tuple[int, ...]
     output_dim: int
@@ -109,17 +165,20 @@ def build_federation(cfg: DatasetConfig, seed: int) -> Federation:
         description = (f"TPT-48: {len(names)} states x {data.x.shape[1]} windows, 6 months in -> 6 out "
                        f"(2008-01..2019-12, min-max scaled from {data.temp_min_f:.1f}..{data.temp_max_f:.1f} "
                        f"deg F); graph = {len(data.edges)} shared state borders; split {cfg.split_mode}")
+    elif cfg.name in IMAGE_FOLDERS:
+        xs, ys, groups, description = _image_clients(cfg, part_rng)
+        from graphfed.data.datasets.idx import NUM_CLASSES as IMAGE_CLASSES
+
+        input_shape, output_dim, metric = tuple(xs[0].shape[1:]), IMAGE_CLASSES, "accuracy"
     else:  # digits
         from graphfed.data.datasets.digits import NUM_CLASSES, NUM_FEATURES, make_digits_clients
 
         xs, ys = make_digits_clients(cfg, part_rng)
         input_shape, output_dim, metric = (NUM_FEATURES,), NUM_CLASSES, "accuracy"
-        description = f"sklearn digits: {len(xs)} clients, {cfg.partition} partition" + (
-            f" (beta={cfg.dirichlet_beta})" if cfg.partition == "dirichlet" else
-            f" ({cfg.classes_per_client} classes/client)" if cfg.partition == "pathological" else "")
+        description = f"sklearn digits: {len(xs)} clients, {_partition_description(cfg)}"
 
     train, val, test = _split_clients(xs, ys, cfg, info.task, split_rng)
     novel = choose_novel_clients(train.num_clients, cfg.novel_fraction, novel_rng)
     return Federation(name=cfg.name, task=info.task, train=train, val=val, test=test,
                       input_shape=input_shape, output_dim=output_dim, client_graph=graph, novel_mask=novel,
-                      client_names=names, metric=metric, description=description)
+                      client_names=names, metric=metric, description=description, client_groups=groups)

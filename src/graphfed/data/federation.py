@@ -82,6 +82,9 @@ class Federation:
     client_names: list[str] = field(default_factory=list)
     metric: Literal["accuracy", "mse"] = "accuracy"
     description: str = ""
+    # [N] int64 group id of each client where the dataset defines groups (e.g. fashion-mnist-casestudy),
+    # so benchmarks can compare same-group with other-group collaboration weights; None = no groups.
+    client_groups: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         n = self.train.num_clients
@@ -97,6 +100,8 @@ class Federation:
             raise ValueError(f"client_graph must be [{n}, {n}], got {tuple(self.client_graph.shape)}")
         if self.novel_mask.shape != (n,):
             raise ValueError(f"novel_mask must have {n} entries, got {tuple(self.novel_mask.shape)}")
+        if self.client_groups is not None and tuple(self.client_groups.shape) != (n,):
+            raise ValueError(f"client_groups must have {n} entries, got {tuple(self.client_groups.shape)}")
 
     @property
     def num_clients(self) -> int:

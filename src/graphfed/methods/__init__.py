@@ -8,15 +8,21 @@ from pydantic import ValidationError
 
 from graphfed.config import ConfigError
 from graphfed.methods.base import Method, MethodContext, MethodOptions
+from graphfed.methods.cfl import CFL
 from graphfed.methods.fedaghn import FedAGHN
+from graphfed.methods.fedamp import FedAMP, HFedAMP
 from graphfed.methods.fedavg import FedAvg, FedAvgFT
 from graphfed.methods.local import Local
 from graphfed.methods.panacea import Panacea, PanaceaGN, PanaceaMLP
 from graphfed.methods.pfedgat import PFedGAT
+from graphfed.methods.pfedgraph import PFedGraph
 from graphfed.methods.pfedhn import PFedHN
+from graphfed.methods.pfedla import PFedLA
+from graphfed.methods.sfl import SFL
 
 METHODS: dict[str, type[Method]] = {
-    cls.name: cls for cls in (Local, FedAvg, FedAvgFT, PFedHN, Panacea, PanaceaGN, PanaceaMLP, FedAGHN, PFedGAT)
+    cls.name: cls for cls in (Local, FedAvg, FedAvgFT, PFedHN, Panacea, PanaceaGN, PanaceaMLP, FedAGHN, PFedGAT,
+                              SFL, FedAMP, HFedAMP, CFL, PFedGraph, PFedLA)
 }
 
 

@@ -110,7 +110,7 @@ class Method(ABC):
             if isinstance(value, nn.Module | torch.optim.Optimizer):
                 state[key] = value.state_dict()
             elif isinstance(value, torch.Tensor):
-                state[key] = value.clone()
+                state[key] = value.detach().clone()
             elif isinstance(value, torch.Generator):
                 state[key] = value.get_state()
             elif isinstance(value, int | float | bool):
@@ -124,6 +124,9 @@ class Method(ABC):
                 current.load_state_dict(saved)
             elif isinstance(current, torch.Generator):
                 current.set_state(saved)
+            elif isinstance(current, torch.Tensor) and current.shape == saved.shape:
+                with torch.no_grad():  # in place: optimizers keep pointing at the same parameters
+                    current.copy_(saved)
             elif isinstance(current, torch.Tensor):
                 setattr(self, key, saved.clone())
             else:
