@@ -29,6 +29,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/sim_throughput.py
 	$(BIN)/python benchmarks/paper_tables.py
+	$(BIN)/python benchmarks/flower_overhead.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

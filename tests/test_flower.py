@@ -151,3 +151,15 @@ def test_a_node_with_an_out_of_range_partition_id_is_ignored() -> None:
     assert summary["status"] == "completed"
     # Evaluation asks every client; client 5 has no node that answered the QUERY correctly.
     assert any(d["client"] == 5 and "no node" in d["reason"] for d in summary["dropped_clients"])
+
+
+def test_a_round_where_no_evaluation_arrives_does_not_end_the_run() -> None:
+    """Every node failing its messages: rounds complete without updates or scores, the run still finishes
+    with a summary (no model-selection round), instead of crashing the ServerApp."""
+    config = flower_config("fedavg", "train.rounds=2", "dataset.novel_fraction=0")
+    grid = grid_for(config)
+    grid.failing.update(grid.contexts)
+    summary = run_on_grid(grid, config, None)
+    assert summary["status"] == "completed"
+    assert summary["best_round"] is None and summary["bytes_up"] == 0
+    assert {d["client"] for d in summary["dropped_clients"]} == set(range(NUM_CLIENTS))

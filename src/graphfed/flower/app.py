@@ -51,9 +51,10 @@ def main(grid: Grid, context: Context) -> None:
     config = validate_config(yaml.safe_load(str(context.run_config[protocol.RUN_CONFIG_KEY])))
     out_dir = str(context.run_config.get(protocol.OUT_DIR_KEY, "")) or None
     summary = run_on_grid(grid, config, out_dir)
-    log.info("graphfed run %s: test %s %.4g (best round %s), %d client drops", summary["status"],
-             summary["metric"], summary["test_mean"] or float("nan"), summary["best_round"],
-             len(summary["dropped_clients"]))
+    dropped = sorted({d["client"] for d in summary["dropped_clients"]})
+    log.info("graphfed run %s: test %s %.4g (best round %s); %d drop event(s), clients dropped at least once: %s",
+             summary["status"], summary["metric"], summary["test_mean"] or float("nan"), summary["best_round"],
+             len(summary["dropped_clients"]), dropped)
 
 
 __all__ = ["client_app", "run_on_grid", "server_app"]

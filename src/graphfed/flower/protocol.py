@@ -43,7 +43,8 @@ def train_content(weights: torch.Tensor, client_id: int, round_index: int, purpo
 
 def training_from(config: ConfigRecord) -> LocalTraining:
     return LocalTraining(int(config["steps"]), int(config["batch-size"]), float(config["lr"]),
-                         float(config["prox-mu"]), str(config["feedback"]), float(config["feedback-mu"]))
+                         float(config["prox-mu"]), str(config.get("feedback", "none")),
+                         float(config.get("feedback-mu", 1e-3)))
 
 
 def train_reply(delta: torch.Tensor, metrics: dict[str, torch.Tensor], client_id: int) -> RecordDict:

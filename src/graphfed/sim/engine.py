@@ -253,13 +253,17 @@ class Simulator:
                     record = self.evaluate(round_index)
                     record.update(round_stats, bytes_up=self.tracker.bytes_up, bytes_down=self.tracker.bytes_down,
                                   wall_seconds=self.tracker.elapsed + time.perf_counter() - segment_start)
-                    self.tracker.offer(record)
+                    if record["val_mean"] is None:
+                        log.warning("round %d: no client's evaluation arrived; round not used for model selection",
+                                    completed)
+                    else:
+                        self.tracker.offer(record)
                     history.append(record)
                     self._save_graphs(completed)
                     if rounds_log:
                         rounds_log.append(record)
-                    bar.set_postfix({f"val_{fed.metric}": f"{record['val_mean']:.4g}",
-                                     f"test_{fed.metric}": f"{record['test_mean']:.4g}"})
+                    bar.set_postfix({f"{split}_{fed.metric}": "—" if record[f"{split}_mean"] is None
+                                     else f"{record[f'{split}_mean']:.4g}" for split in ("val", "test")})
                 if self.out_dir and (completed % cfg.train.checkpoint_every == 0 or completed == cfg.train.rounds):
                     self.tracker.elapsed += time.perf_counter() - segment_start
                     segment_start = time.perf_counter()
