@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
 from graphfed.models.base import TargetModel
 
@@ -114,12 +113,7 @@ class CNNBN(TargetModel):
         A loop over clients of ``functional_call`` (see the module docstring for why not ``vmap``). Without
         autograd, each client's activations are freed before the next client runs.
         """
-        num_clients = x.shape[0]
-        for name, value in params.items():
-            if value.shape[0] != num_clients:
-                raise ValueError(f"params[{name!r}] holds {value.shape[0]} clients but x holds {num_clients}")
-        return torch.stack([functional_call(self, {name: value[s] for name, value in params.items()}, (x[s],))
-                            for s in range(num_clients)])
+        return self.client_loop_forward(params, x)
 
     def vmap_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """The generic ``vmap``-over-``functional_call`` path of :class:`TargetModel`: same outputs as
