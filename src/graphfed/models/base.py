@@ -15,6 +15,9 @@ class TargetModel(nn.Module):
     on CPU for tiny MLPs, where per-op overhead dominates).
     """
 
+    #: True when ``batched_forward`` runs clients one by one (evaluation then skips padding per client)
+    clients_in_loop: bool = False
+
     def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """``params[name]``: ``[S, *shape]``; ``x``: ``[S, B, *input_shape]`` -> ``[S, B, out]``."""
 

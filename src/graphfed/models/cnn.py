@@ -26,5 +26,7 @@ class SmallCNN(TargetModel):
         h = torch.max_pool2d(torch.relu(self.conv2(h)), 2)
         return self.fc2(torch.relu(self.fc1(h.flatten(1))))
 
+    clients_in_loop = True
+
     def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         return self.client_loop_forward(params, x)  # faster than vmap for convolutions on CPU

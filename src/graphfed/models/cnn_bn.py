@@ -107,6 +107,8 @@ class CNNBN(TargetModel):
         h = torch.max_pool2d(torch.relu(self.bn2(self.conv2(h), valid)), 2)
         return self.fc2(torch.relu(self.fc1(h.flatten(1))))
 
+    clients_in_loop = True
+
     def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """``params[name]``: ``[S, *shape]``; ``x``: ``[S, B, C, H, W]`` -> ``[S, B, num_classes]``.
 
