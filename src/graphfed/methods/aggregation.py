@@ -34,6 +34,11 @@ class PersonalizedAggregation(Method):
     def personalize(self, client_ids: torch.Tensor) -> torch.Tensor:
         return mix_layers(self.mixing(client_ids), self.client_weights, self.context.spec)
 
+    def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
+               metrics: dict[str, torch.Tensor]) -> None:
+        """Methods whose weights are a function of the stored models only just store the new ones."""
+        self.record_updates(client_ids, sent, delta)
+
     def record_updates(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor) -> None:
         """Store the clients' trained models and updates (call after any learning that needs the old ones)."""
         self.client_weights[client_ids] = (sent - delta).detach()

@@ -70,20 +70,13 @@ class FedAMP(PersonalizedAggregation):
     def mixing(self, client_ids: torch.Tensor) -> torch.Tensor:
         return self.attention(client_ids).unsqueeze(0).expand(self.num_layers, -1, -1)
 
-    def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
-               metrics: dict[str, torch.Tensor]) -> None:
-        self.record_updates(client_ids, sent, delta)
 
-
-class HFedAMP(PersonalizedAggregation):
+class HFedAMP(FedAMP):
     name = "h-fedamp"
     summary = "heuristic FedAMP: fixed self weight, softmax(sigma * cos(w_i, w_j)) over the others"
     Options = HFedAMPOptions
 
-    def __init__(self, context: MethodContext, options: HFedAMPOptions) -> None:
-        super().__init__(context, options)
-        self.options: HFedAMPOptions = options
-        self.prox_mu = options.lam / options.alpha_k
+    options: HFedAMPOptions  # type: ignore[assignment]
 
     def attention(self, client_ids: torch.Tensor) -> torch.Tensor:
         """``[S, N]`` rows: xi_ii = self_weight, the rest split by a softmax over cosine similarity."""
@@ -96,10 +89,3 @@ class HFedAMP(PersonalizedAggregation):
         self_weight = torch.where(has_others, self.options.self_weight, 1.0)  # alone: keep its own model
         is_self = F.one_hot(client_ids, self.context.num_clients).to(shares.dtype)
         return (1.0 - self_weight) * shares + self_weight * is_self
-
-    def mixing(self, client_ids: torch.Tensor) -> torch.Tensor:
-        return self.attention(client_ids).unsqueeze(0).expand(self.num_layers, -1, -1)
-
-    def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
-               metrics: dict[str, torch.Tensor]) -> None:
-        self.record_updates(client_ids, sent, delta)

@@ -74,7 +74,3 @@ class SFL(PersonalizedAggregation):
     def mixing(self, client_ids: torch.Tensor) -> torch.Tensor:
         rows = self.propagation()[client_ids]
         return rows.unsqueeze(0).expand(self.num_layers, -1, -1)
-
-    def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
-               metrics: dict[str, torch.Tensor]) -> None:
-        self.record_updates(client_ids, sent, delta)
