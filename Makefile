@@ -28,7 +28,8 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/sim_throughput.py
-	$(BIN)/python benchmarks/paper_tables.py
+	$(BIN)/graphfed bench benchmarks/suites/paper.yaml --out benchmarks/results/paper
+	$(BIN)/python benchmarks/aggregation_family.py
 	$(BIN)/python benchmarks/flower_overhead.py
 
 clean:

@@ -60,8 +60,9 @@ def read_rounds(out_dir: Path) -> list[dict[str, Any]]:
 
 
 def without_wall_time(record: dict[str, Any]) -> dict[str, Any]:
-    """A summary or round record minus the wall-clock field, the only one allowed to differ between runs."""
-    return {key: value for key, value in record.items() if key != "wall_seconds"}
+    """A summary or round record minus wall-clock time and peak memory, the only fields allowed to differ
+    between runs."""
+    return {key: value for key, value in record.items() if key not in ("wall_seconds", "peak_rss_mb")}
 
 
 @pytest.fixture(autouse=True)

@@ -285,6 +285,19 @@ def direct_scores(case: Case, weights: torch.Tensor) -> tuple[list[float], list[
     return metrics, losses, total / elements
 
 
+def direct_mae(case: Case, weights: torch.Tensor) -> list[float]:
+    """Each client's mean absolute error on its own unpadded rows."""
+    spec = ParamSpec.from_module(case.make_model())
+    maes = []
+    for s in range(case.data.num_clients):
+        x, y = case.data.client(s)
+        module = case.make_model()
+        load_row(module, spec, weights[s])
+        with torch.no_grad():
+            maes.append(float((module(x) - y).abs().mean()))
+    return maes
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_evaluate_clients_matches_direct_computation(name: str) -> None:
     """Accuracy / MSE and loss of each client equal a direct computation on its own unpadded rows."""
@@ -300,6 +313,9 @@ def test_evaluate_clients_matches_direct_computation(name: str) -> None:
     assert scores.counts.tolist() == COUNTS
     if case.task == "classification":
         assert len(set(metrics)) > 1  # the clients really are scored separately
+        assert not scores.abs_error_sum.any()
+    else:
+        torch.testing.assert_close(scores.mae, torch.tensor(direct_mae(case, weights)), atol=1e-5, rtol=1e-5)
 
 
 def test_evaluation_in_chunks_equals_evaluation_in_one_pass() -> None:

@@ -110,7 +110,7 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
 
     _setup_logging(verbose)
     base = _load(config, overrides)
-    names = [m.strip() for m in methods.split(",") if m.strip()]
+    names = _names(methods) or []
     configs: dict[str, list[RunConfig]] = {}
     for name in names:
         data = base.model_dump(mode="json")
@@ -171,6 +171,84 @@ def plot_graphs_command(run_dir: Annotated[Path, typer.Argument(help="a run dire
         _fail(str(err), EXIT_RUN)
     for path in paths:
         console.print(f"wrote {path}")
+
+
+@app.command()
+def bench(suite: Annotated[Path, typer.Argument(help="suite YAML: methods x datasets x seeds, paper numbers")],
+          out: Annotated[Path, typer.Option(help="output directory: runs/, plots/, report.md, report.json")],
+          datasets: Annotated[str | None, typer.Option(help="comma-separated dataset keys of the suite (default all)")]
+          = None,
+          methods: Annotated[str | None, typer.Option(help="comma-separated methods (default each dataset's)")] = None,
+          seeds: Annotated[int | None, typer.Option(min=1, help="seeds per cell (default the suite's)")] = None,
+          overrides: SetOption = None,
+          data_dir: Annotated[Path | None, typer.Option(help="data folder for datasets whose config names none")]
+          = None,
+          in_process: Annotated[bool, typer.Option(help="run cells in this process instead of one process each "
+                                                   "(faster start, but peak RSS is then shared)")] = False,
+          verbose: bool = False) -> None:
+    """Run a benchmark suite (resumable: finished cells are skipped) and write OUT/report.md."""
+    import shlex
+
+    from graphfed.config import apply_overrides
+    from graphfed.report.bench import run_suite
+
+    _setup_logging(verbose)
+    try:
+        extra = apply_overrides({}, overrides or [])
+        report, all_done = run_suite(
+            suite, out, datasets=_names(datasets), methods=_names(methods), seeds=seeds, overrides=extra,
+            data_dir=data_dir, in_process=in_process, echo=console.print,
+            command=shlex.join(["graphfed", "bench", str(suite), "--out", str(out),
+                                *(["--datasets", datasets] if datasets else []),
+                                *(["--methods", methods] if methods else []),
+                                *(["--seeds", str(seeds)] if seeds else []),
+                                *(f"--set={text}" for text in overrides or []),
+                                *(["--data-dir", str(data_dir)] if data_dir else []),
+                                *(["--in-process"] if in_process else [])]))
+    except ConfigError as err:
+        _fail(str(err), EXIT_CONFIG)
+    except KeyboardInterrupt:
+        _fail(f"interrupted; finished cells are kept in {out}, run the same command again to continue",
+              EXIT_INTERRUPTED)
+    console.print(f"report: [bold]{report}[/bold]")
+    if not all_done:
+        _fail(f"some cells did not complete; see {report}", EXIT_RUN)
+
+
+def _names(text: str | None) -> list[str] | None:
+    return [part.strip() for part in text.split(",") if part.strip()] if text else None
+
+
+@app.command("inspect")
+def inspect_command(directory: Annotated[Path | None, typer.Argument(help="a federation folder (README, 'Bring "
+                                                                     "your own federation')")] = None,
+                    config: Annotated[Path | None, typer.Option(help="inspect this run config's dataset instead")]
+                    = None,
+                    overrides: SetOption = None,
+                    max_clients: Annotated[int, typer.Option(min=1, help="client rows to print")] = 50) -> None:
+    """Validate a federation folder (or a config's dataset) and print its clients, targets and client graph."""
+    from graphfed.data import build_federation
+    from graphfed.data.datasets.folder import load_federation
+    from graphfed.data.federation import Federation
+    from graphfed.data.summary import render_federation
+
+    if (directory is None) == (config is None):
+        _fail("give a federation folder or --config CONFIG (one of the two)", EXIT_CONFIG)
+    if directory is not None and overrides:
+        _fail("--set applies to --config only", EXIT_CONFIG)
+    fed: Federation
+    try:
+        if directory is not None:
+            fed = load_federation(directory)
+        else:
+            cfg = _load(config, overrides)
+            fed = build_federation(cfg.dataset, cfg.seed)
+    # FederationFormatError and ConfigError are ValueErrors; missing data files are FileNotFoundErrors. All are
+    # bad input here (nothing runs), hence exit code 2.
+    except (FileNotFoundError, ValueError) as err:
+        _fail(str(err), EXIT_CONFIG)
+        raise  # unreachable; keeps type checkers happy
+    render_federation(fed, console, max_clients)
 
 
 @app.command("list")

@@ -29,6 +29,8 @@ class DatasetConfig(_Strict):
     split_mode: Literal["random", "chronological"] = "random"
     novel_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
     data_dir: str | None = Field(default=None, description="default: $GRAPHFED_DATA, then ../shared/data")
+    graph_threshold: float = Field(default=0.1, ge=0.0, le=1.0, description="weighted client graphs (metr-la-week):"
+                                   " drop edges whose kernel weight is below this (DCRNN's normalized_k)")
 
     @field_validator("split")
     @classmethod
@@ -139,7 +141,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of fields")
         data = loaded or {}
-    for text in overrides or []:
+    return validate_config(apply_overrides(data, overrides or []))
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Set each ``a.b=v`` of ``overrides`` in the nested mapping ``data`` (in place; returned for chaining)."""
+    for text in overrides:
         keys, value = parse_override(text)
         node = data
         for key in keys[:-1]:
@@ -147,7 +154,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {text!r}: '{key}' is not a section")
         node[keys[-1]] = value
-    return validate_config(data)
+    return data
 
 
 def validate_config(data: dict[str, Any]) -> RunConfig:

@@ -7,9 +7,9 @@ changing the split fractions does not change which clients are novel, and one se
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -18,6 +18,11 @@ from graphfed.config import ConfigError, DatasetConfig
 from graphfed.data.federation import ClientSplit, Federation, Task
 from graphfed.data.graphs import choose_novel_clients, edges_to_adjacency
 from graphfed.data.partition import split_client_indices
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from graphfed.data.datasets.idx import ImageSet
 
 __all__ = ["DATASETS", "ClientSplit", "DatasetInfo", "Federation", "build_federation"]
 
@@ -48,13 +53,56 @@ DATASETS: dict[str, DatasetInfo] = {
                     "dataset.num_clients clients (default 20, no graph)", "classification"),
         DatasetInfo("fashion-mnist-casestudy", "Fashion-MNIST in FedAGHN's case-study split: 20 clients in 5 groups "
                     "of 4; 80% of the data by group classes, 20% IID; client groups recorded", "classification"),
+        DatasetInfo("cifar10", "CIFAR-10 (JPEG) 32x32 RGB, 10 classes, train+test pooled (60k), partitioned over "
+                    "dataset.num_clients clients (default 20, no graph); decoded once into a cached .npz",
+                    "classification"),
+        DatasetInfo("femnist", "FEMNIST (LEAF) 28x28 digits and letters, 62 classes, natural split: one client per "
+                    "writer (105); LEAF train/test per writer, val carved from the writer's train part by "
+                    "dataset.split (dataset.partition is not used, no graph)", "classification"),
+        # The task listed is only the default: a folder's meta.yaml (or float targets) makes it regression.
+        DatasetInfo("folder", "your own federation folder (dataset.data_dir = the folder): per-client "
+                    "train/val/test npz or CSV, optional graph.csv and meta.yaml; classification or regression "
+                    "as the folder says (README, 'Bring your own federation')", "classification"),
+        DatasetInfo("metr-la-week", "METR-LA traffic speed, 1-7 March 2012, 207 sensor clients, 12 steps (1 h) in "
+                    "-> 12 out; chronological split, min-max scaled on the training segment (MSE on scaled "
+                    "values); DCRNN road graph cut at dataset.graph_threshold", "regression"),
     )
 }
 
 FL60_CLIENTS = 60
 TPT48_CLIENTS = 48
-# dataset name -> folder under the data directory holding its IDX files
-IMAGE_FOLDERS = {"mnist": "mnist", "fashion-mnist": "fashion-mnist", "fashion-mnist-casestudy": "fashion-mnist"}
+METR_LA_CLIENTS = 207
+
+
+def _load_idx(folder: Path) -> ImageSet:
+    from graphfed.data.datasets.idx import NUM_CLASSES, load_image_set
+
+    return load_image_set(folder, NUM_CLASSES)
+
+
+def _load_cifar10(folder: Path) -> ImageSet:
+    from graphfed.data.datasets.cifar10 import load_cifar10
+
+    return load_cifar10(folder)
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    """An image data set that is pooled and partitioned over clients like MNIST."""
+
+    title: str  # how descriptions name it
+    folder: str  # under the data directory
+    load: Callable[[Path], ImageSet]  # the folder -> train and test pooled, float32 [N, C, H, W] in [0, 1]
+
+
+IMAGE_SOURCES = {
+    "mnist": ImageSource("MNIST", "mnist", _load_idx),
+    "fashion-mnist": ImageSource("Fashion-MNIST", "fashion-mnist", _load_idx),
+    "fashion-mnist-casestudy": ImageSource("Fashion-MNIST", "fashion-mnist", _load_idx),
+    "cifar10": ImageSource("CIFAR-10 (JPEG)", "cifar10-jpeg", _load_cifar10),
+}
+# dataset name -> folder under the data directory holding its image files
+IMAGE_FOLDERS = {name: source.folder for name, source in IMAGE_SOURCES.items()}
 
 
 def _split_clients(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], cfg: DatasetConfig, task: Task,
@@ -87,19 +135,19 @@ def _partition_description(cfg: DatasetConfig) -> str:
 
 
 def _image_clients(cfg: DatasetConfig, rng: np.random.Generator,
-                   ) -> tuple[list[np.ndarray], list[np.ndarray], torch.Tensor | None, str]:
-    """Per-client (images, labels), client groups (case study only) and a description of an IDX image set.
+                   ) -> tuple[list[np.ndarray], list[np.ndarray], torch.Tensor | None, str, int]:
+    """Per-client (images, labels), client groups (case study only), a description and the number of classes
+    of the image set ``IMAGE_SOURCES[cfg.name]``.
 
-    A helper of its own so that the pooled 70k-image array is freed once the clients' copies exist.
+    A helper of its own so that the pooled image array (70k MNIST / 60k CIFAR images) is freed once the
+    clients' copies exist.
     """
     from graphfed.data.datasets.digits import partition_indices
     from graphfed.data.datasets.idx import (
         CASESTUDY_GROUP_FRACTION,
         CASESTUDY_GROUPS,
         DEFAULT_NUM_CLIENTS,
-        NUM_CLASSES,
         group_class_partition,
-        load_image_set,
     )
 
     num_clients = cfg.num_clients or DEFAULT_NUM_CLIENTS
@@ -107,7 +155,8 @@ def _image_clients(cfg: DatasetConfig, rng: np.random.Generator,
     if casestudy and num_clients < CASESTUDY_GROUPS:  # checked before the (seconds-long) load
         raise ConfigError(f"dataset.num_clients: {cfg.name} needs at least {CASESTUDY_GROUPS} clients "
                           f"(one per group), got {num_clients}")
-    images = load_image_set(cfg.resolved_data_dir() / IMAGE_FOLDERS[cfg.name], NUM_CLASSES)
+    source = IMAGE_SOURCES[cfg.name]
+    images = source.load(cfg.resolved_data_dir() / source.folder)
     groups: torch.Tensor | None = None
     if casestudy:
         split = group_class_partition(images.y, num_clients, CASESTUDY_GROUPS, CASESTUDY_GROUP_FRACTION, rng)
@@ -120,10 +169,10 @@ def _image_clients(cfg: DatasetConfig, rng: np.random.Generator,
                        f"the rest IID over all clients (dataset.partition is not used)")
     else:
         parts = partition_indices(images.y, cfg, num_clients, rng)
-        title = "MNIST" if cfg.name == "mnist" else "Fashion-MNIST"
-        description = (f"{title}: {len(images.y)} images (train+test) over {num_clients} clients, "
+        description = (f"{source.title}: {len(images.y)} images (train+test) over {num_clients} clients, "
                        f"{_partition_description(cfg)}")
-    return [images.x[idx] for idx in parts], [images.y[idx] for idx in parts], groups, description
+    xs, ys = [images.x[idx] for idx in parts], [images.y[idx] for idx in parts]
+    return xs, ys, groups, description, images.num_classes
 
 
 def build_federation(cfg: DatasetConfig, seed: int) -> Federation:
@@ -133,6 +182,15 @@ def build_federation(cfg: DatasetConfig, seed: int) -> Federation:
         raise ConfigError(f"dataset.name: unknown dataset {cfg.name!r}; allowed: {allowed}")
     info = DATASETS[cfg.name]
     gen_rng, part_rng, split_rng, novel_rng = np.random.default_rng(seed).spawn(4)
+    if cfg.name == "folder":
+        # The folder brings its own splits (no partition/split step); only the novel-client choice is ours.
+        from graphfed.data.datasets.folder import FederationFormatError, folder_federation
+
+        try:
+            return folder_federation(cfg, novel_rng)
+        except FederationFormatError as err:
+            # A bad folder is bad input like a bad config: the CLI answers one line and exit code 2.
+            raise ConfigError(f"dataset.data_dir: {err}") from None
 
     graph: torch.Tensor | None = None
     groups: torch.Tensor | None = None
@@ -142,6 +200,9 @@ def build_federation(cfg: DatasetConfig, seed: int) -> Federation:
     metric: Literal["accuracy", "mse"]
     xs: Sequence[np.ndarray]
     ys: Sequence[np.ndarray]
+    # Datasets whose split is part of the task (metr-la-week cuts its time axis before windowing) set this.
+    presplit: tuple[ClientSplit, ClientSplit, ClientSplit] | None = None
+    target_scale: float | None = None
     if cfg.name in ("fl60", "fln"):
         from graphfed.data.datasets.fl_n import make_fl_n
 
@@ -165,11 +226,48 @@ def build_federation(cfg: DatasetConfig, seed: int) -> Federation:
         description = (f"TPT-48: {len(names)} states x {data.x.shape[1]} windows, 6 months in -> 6 out "
                        f"(2008-01..2019-12, min-max scaled from {data.temp_min_f:.1f}..{data.temp_max_f:.1f} "
                        f"deg F); graph = {len(data.edges)} shared state borders; split {cfg.split_mode}")
-    elif cfg.name in IMAGE_FOLDERS:
-        xs, ys, groups, description = _image_clients(cfg, part_rng)
-        from graphfed.data.datasets.idx import NUM_CLASSES as IMAGE_CLASSES
+    elif cfg.name == "metr-la-week":
+        from graphfed.data.datasets.metr_la import HORIZON as METR_HORIZON
+        from graphfed.data.datasets.metr_la import INPUT_STEPS, load_metr_la
 
-        input_shape, output_dim, metric = tuple(xs[0].shape[1:]), IMAGE_CLASSES, "accuracy"
+        _fixed_client_count(cfg, METR_LA_CLIENTS)
+        metr = load_metr_la(cfg.resolved_data_dir(), cfg.split, cfg.graph_threshold, METR_LA_CLIENTS)
+        train_s, val_s, test_s = (ClientSplit.from_lists(list(x), list(y), info.task) for x, y in metr.splits)
+        presplit = (train_s, val_s, test_s)
+        xs, ys = [], []
+        names, target_scale = metr.sensor_ids, metr.mph_per_unit
+        graph = torch.as_tensor(metr.adjacency)
+        input_shape, output_dim, metric = (INPUT_STEPS,), METR_HORIZON, "mse"
+        edges = int(torch.count_nonzero(graph)) // 2
+        description = (f"METR-LA week: {METR_LA_CLIENTS} sensors, {sum(metr.segment_steps)} 5-minute steps, "
+                       f"{INPUT_STEPS} in -> {METR_HORIZON} out; chronological segments of "
+                       f"{'/'.join(map(str, metr.segment_steps))} steps -> "
+                       f"{'/'.join(str(x.shape[1]) for x, _ in metr.splits)} windows per sensor "
+                       f"(dataset.split_mode not used); min-max scaled on the training segment "
+                       f"({metr.speed_min:.2f}..{metr.speed_max:.2f} mph, {metr.mph_per_unit:.2f} mph/unit); "
+                       f"{metr.zero_readings} zero (missing) readings kept as values; graph = {edges} edges "
+                       f"with weight >= {cfg.graph_threshold}")
+    elif cfg.name in IMAGE_FOLDERS:
+        xs, ys, groups, description, output_dim = _image_clients(cfg, part_rng)
+        input_shape, metric = tuple(xs[0].shape[1:]), "accuracy"
+    elif cfg.name == "femnist":
+        from graphfed.data.datasets import femnist
+
+        # LEAF fixes the test rows per writer, so the split is natural: only validation is carved (from train).
+        leaf, *per_writer = femnist.make_femnist_clients(cfg, split_rng)
+        # Checked against the writers actually read (105 in the shared sample), not a constant: any LEAF
+        # sample works, and num_clients can only confirm its size.
+        _fixed_client_count(cfg, len(leaf.writers))
+        train_s, val_s, test_s = (ClientSplit.from_lists(x, y, info.task) for x, y in per_writer)
+        presplit = (train_s, val_s, test_s)
+        xs, ys = [], []
+        names = leaf.writers
+        input_shape, output_dim, metric = (1, femnist.IMAGE_SIDE, femnist.IMAGE_SIDE), femnist.NUM_CLASSES, "accuracy"
+        sizes = [int(split.counts.sum()) for split in presplit]
+        description = (f"FEMNIST (LEAF): {len(names)} writers as clients, {femnist.NUM_CLASSES} classes, "
+                       f"{sizes[0]} train / {sizes[1]} val / {sizes[2]} test images; test = LEAF test, val = "
+                       f"{femnist.validation_fraction(cfg.split):.1%} of each writer's LEAF train "
+                       f"({cfg.split_mode}); natural split (dataset.partition is not used)")
     else:  # digits
         from graphfed.data.datasets.digits import NUM_CLASSES, NUM_FEATURES, make_digits_clients
 
@@ -177,8 +275,9 @@ def build_federation(cfg: DatasetConfig, seed: int) -> Federation:
         input_shape, output_dim, metric = (NUM_FEATURES,), NUM_CLASSES, "accuracy"
         description = f"sklearn digits: {len(xs)} clients, {_partition_description(cfg)}"
 
-    train, val, test = _split_clients(xs, ys, cfg, info.task, split_rng)
+    train, val, test = presplit if presplit is not None else _split_clients(xs, ys, cfg, info.task, split_rng)
     novel = choose_novel_clients(train.num_clients, cfg.novel_fraction, novel_rng)
     return Federation(name=cfg.name, task=info.task, train=train, val=val, test=test,
                       input_shape=input_shape, output_dim=output_dim, client_graph=graph, novel_mask=novel,
-                      client_names=names, metric=metric, description=description, client_groups=groups)
+                      client_names=names, metric=metric, description=description, client_groups=groups,
+                      target_scale=target_scale)

@@ -85,6 +85,9 @@ class Federation:
     # [N] int64 group id of each client where the dataset defines groups (e.g. fashion-mnist-casestudy),
     # so benchmarks can compare same-group with other-group collaboration weights; None = no groups.
     client_groups: torch.Tensor | None = None
+    # Regression targets in original units per scaled unit (e.g. mph for metr-la-week), so scaled MAE/RMSE can
+    # be reported in those units; None = targets are not rescaled (or the dataset does not say).
+    target_scale: float | None = None
 
     def __post_init__(self) -> None:
         n = self.train.num_clients

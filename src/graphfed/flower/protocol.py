@@ -13,12 +13,11 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from graphfed.sim.client import ClientScores, LocalTraining
+from graphfed.sim.client import SCORE_FIELDS, ClientScores, LocalTraining
 
 RUN_CONFIG_KEY = "graphfed-config"  # the resolved graphfed YAML, in the Flower run config
 OUT_DIR_KEY = "out-dir"  # where the ServerApp writes summary.json etc. ("" = nowhere)
 PARTITION_KEY = "partition-id"
-SCORE_FIELDS = ("metric", "loss", "counts", "metric_sum", "metric_elements")
 
 
 def weights_record(weights: torch.Tensor) -> ArrayRecord:
@@ -85,4 +84,4 @@ def record_scores(record: MetricRecord, split: str) -> ClientScores:
 def missing_scores() -> ClientScores:
     """Placeholder for a client whose evaluation reply never came: NaN metric, no pooled weight."""
     nan, zero = torch.tensor([float("nan")]), torch.zeros(1)
-    return ClientScores(nan, nan, torch.zeros(1, dtype=torch.long), zero, zero)
+    return ClientScores(nan, nan, torch.zeros(1, dtype=torch.long), zero, zero, zero)

@@ -10,6 +10,8 @@ from graphfed.data.federation import Federation
 from graphfed.models.base import TargetModel
 from graphfed.models.cnn import SmallCNN
 from graphfed.models.cnn_bn import CNNBN
+from graphfed.models.gru import GRUForecaster
+from graphfed.models.lenet import LeNet
 from graphfed.models.mlp import MLP
 
 
@@ -28,11 +30,30 @@ def _cnn_bn(fed: Federation, channels: int = 32, hidden: int = 512, kernel_size:
     return CNNBN(fed.input_shape, fed.output_dim, channels=channels, hidden=hidden, kernel_size=kernel_size)
 
 
+def _lenet(fed: Federation, channels: int = 16, channels2: int | None = None, hidden: int = 120,
+           hidden2: int = 84) -> TargetModel:
+    return LeNet(fed.input_shape, fed.output_dim, channels=channels, channels2=channels2, hidden=hidden,
+                 hidden2=hidden2)
+
+
+def _gru(fed: Federation, hidden: int = 100) -> TargetModel:
+    # A recurrence over the input's first axis only means something for series (regression on windows).
+    if fed.task != "regression" or len(fed.input_shape) not in (1, 2):
+        raise ConfigError(f"model.name: gru forecasts a series of shape (steps,) or (steps, features) for "
+                          f"regression datasets; {fed.name} is {fed.task} with input shape {fed.input_shape}")
+    features = fed.input_shape[1] if len(fed.input_shape) == 2 else 1
+    return GRUForecaster(fed.input_shape[0], fed.output_dim, hidden=hidden, input_features=features)
+
+
 MODELS: dict[str, tuple[Callable[..., TargetModel], str]] = {
     "mlp": (_mlp, "multi-layer perceptron (options: hidden=16, num_layers=3)"),
     "cnn": (_cnn, "2 conv + 2 linear layers for (C, H, W) images (options: channels=16, hidden=64)"),
     "cnn-bn": (_cnn_bn, "FedAGHN's 4-layer CNN: 2x (5x5 conv, batch-statistics BN, ReLU, pool) + 2 linear layers "
                "(options: channels=32, hidden=512, kernel_size=5)"),
+    "lenet": (_lenet, "LeNet-style CNN of pFedHN/pFedGAT on CIFAR: 2x (5x5 conv, ReLU, 2x2 max-pool) + 3 linear "
+              "layers, images >= 16x16 (options: channels=16, channels2=2*channels, hidden=120, hidden2=84)"),
+    "gru": (_gru, "1-layer GRU over the input steps + linear head to all output steps, for series regression "
+            "(metr-la-week: 32,112 parameters at hidden=100; options: hidden=100)"),
 }
 
 

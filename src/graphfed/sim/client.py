@@ -141,13 +141,17 @@ def validation_feedback(model: TargetModel, spec: ParamSpec, start: torch.Tensor
     raise ValueError(f"unknown client feedback {training.feedback!r}; allowed: none, val_gradient, val_loss_pair")
 
 
+#: The fields of ClientScores, in order (what travels between machines).
+SCORE_FIELDS = ("metric", "loss", "counts", "metric_sum", "metric_elements", "abs_error_sum")
+
+
 @dataclass
 class ClientScores:
     """Per-client evaluation of personalised weights on one split.
 
     ``metric_sum`` / ``metric_elements`` are each client's numerator and denominator (correct predictions
     and rows, or squared errors and values), so scores computed on different machines can be merged and
-    pooled exactly.
+    pooled exactly. Regression also keeps the absolute errors, for the MAE users read in their own units.
     """
 
     metric: torch.Tensor  # [N] accuracy or MSE of each client
@@ -155,6 +159,12 @@ class ClientScores:
     counts: torch.Tensor  # [N] rows per client
     metric_sum: torch.Tensor  # [N]
     metric_elements: torch.Tensor  # [N]
+    abs_error_sum: torch.Tensor  # [N] sum of |prediction - target| (regression; zero for classification)
+
+    @property
+    def mae(self) -> torch.Tensor:
+        """[N] mean absolute error of each client (regression)."""
+        return self.abs_error_sum / self.metric_elements.clamp_min(1.0)
 
     @property
     def pooled(self) -> float:
@@ -162,13 +172,12 @@ class ClientScores:
         return float(self.metric_sum.double().sum() / self.metric_elements.double().sum().clamp_min(1.0))
 
     def select(self, index: torch.Tensor) -> ClientScores:
-        return ClientScores(self.metric[index], self.loss[index], self.counts[index], self.metric_sum[index],
-                            self.metric_elements[index])
+        return ClientScores(*(getattr(self, name)[index] for name in SCORE_FIELDS))
 
     @staticmethod
     def concat(parts: list[ClientScores]) -> ClientScores:
-        return ClientScores(*(torch.cat([getattr(p, name) for p in parts]) for name in
-                              ("metric", "loss", "counts", "metric_sum", "metric_elements")))
+        return ClientScores(*(torch.cat([getattr(p, name) for p in parts]) for name in SCORE_FIELDS))
+
 
 
 @torch.no_grad()
@@ -192,11 +201,14 @@ def evaluate_clients(model: TargetModel, spec: ParamSpec, weights: torch.Tensor,
         if task == "classification":
             metric_sum = ((outputs.argmax(-1) == part.y) & mask).to(torch.float32).sum(1)
             metric_elements = rows
+            abs_error_sum = torch.zeros_like(rows)
         else:
-            sq = (outputs - part.y.reshape(outputs.shape)).pow(2).flatten(2)
-            metric_sum = torch.where(mask, sq.sum(-1), 0.0).sum(1)
-            metric_elements = rows * sq.shape[-1]
+            error = (outputs - part.y.reshape(outputs.shape)).flatten(2)
+            metric_sum = torch.where(mask, error.pow(2).sum(-1), 0.0).sum(1)
+            abs_error_sum = torch.where(mask, error.abs().sum(-1), 0.0).sum(1)
+            metric_elements = rows * error.shape[-1]
         parts.append(ClientScores(metric=metric_sum / metric_elements.clamp_min(1.0),
                                   loss=per_client_loss(outputs, part.y, task, mask), counts=part.counts,
-                                  metric_sum=metric_sum, metric_elements=metric_elements))
+                                  metric_sum=metric_sum, metric_elements=metric_elements,
+                                  abs_error_sum=abs_error_sum))
     return ClientScores.concat(parts)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import resource
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -171,6 +173,11 @@ class Simulator:
         record["val_mean"], record["val_std"] = _mean_std(val.metric)
         record["test_mean"], record["test_std"] = _mean_std(test.metric)
         record["test_pooled"] = test.pooled
+        if fed.task == "regression":
+            # MAE beside the (scaled) MSE; ``target_scale`` turns it into the data's own units (e.g. mph)
+            record["test_mae"] = float(test.mae.mean())
+            record["test_mae_original_units"] = (None if fed.target_scale is None
+                                                 else record["test_mae"] * fed.target_scale)
         record["novel_mean"] = record["novel_std"] = None
         if len(novel_ids):
             novel = scores["test"].select(novel_ids)
@@ -296,6 +303,7 @@ class Simulator:
             "status": status,
             "test_mean": best.get("test_mean"), "test_std": best.get("test_std"),
             "test_pooled": best.get("test_pooled"), "val_mean": best.get("val_mean"),
+            "test_mae": best.get("test_mae"), "test_mae_original_units": best.get("test_mae_original_units"),
             "novel_mean": best.get("novel_mean"), "novel_std": best.get("novel_std"),
             "novel_adapted_mean": novel_adapted[0], "novel_adapted_std": novel_adapted[1],
             "best_round": best.get("round"), "final_test_mean": last.get("test_mean"),
@@ -303,8 +311,15 @@ class Simulator:
             "num_novel_clients": len(fed.novel_client_ids), "num_params": self.setup.spec.dim,
             "wall_seconds": round(self.tracker.elapsed, 3),
             "bytes_up": self.tracker.bytes_up, "bytes_down": self.tracker.bytes_down,
+            "peak_rss_mb": peak_rss_mb(),
             "notes": list(self.setup.method.notes),
         }
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, in MiB (what a run needed, counting the data it loaded)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)  # bytes on macOS, KiB on Linux
 
 
 def run_config(config: RunConfig, out_dir: str | Path | None = None, resume: bool = False,

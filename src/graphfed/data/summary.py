@@ -1,0 +1,127 @@
+"""What ``graphfed inspect`` reports about a federation: per-client sizes and targets, and client-graph statistics.
+
+The numbers are computed here (plain data, testable) and only drawn with rich in ``render_federation``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import connected_components
+
+from graphfed.data.federation import Federation
+
+_TOP_CLASSES = 4  # a per-client label histogram shows this many classes before "+k more"
+_LISTED = 8  # isolated clients named before "..."
+
+
+@dataclass(frozen=True)
+class GraphStats:
+    nodes: int
+    edges: int  # undirected, self-loops excluded
+    density: float  # edges / (nodes choose 2)
+    isolated: list[str]  # names of clients with no edge
+    components: int
+    largest_component: int
+    degree_min: int
+    degree_mean: float
+    degree_max: int
+    weight_min: float  # over edges; 0 when there are none
+    weight_max: float
+
+
+def graph_stats(adjacency: torch.Tensor | np.ndarray, names: Sequence[str]) -> GraphStats:
+    """Statistics of a symmetric [N, N] adjacency (nonzero off-diagonal entries are edges)."""
+    adj = np.asarray(adjacency, dtype=np.float64).copy()
+    np.fill_diagonal(adj, 0.0)
+    n = adj.shape[0]
+    linked = adj != 0
+    degree = linked.sum(axis=1)
+    upper = adj[np.triu_indices(n, k=1)]
+    weights = upper[upper != 0]
+    count, labels = connected_components(csr_matrix(linked), directed=False)
+    return GraphStats(
+        nodes=n, edges=len(weights), density=len(weights) / (n * (n - 1) / 2) if n > 1 else 0.0,
+        isolated=[names[i] for i in np.flatnonzero(degree == 0)], components=int(count),
+        largest_component=int(np.bincount(labels).max()) if n else 0,
+        degree_min=int(degree.min()) if n else 0, degree_mean=float(degree.mean()) if n else 0.0,
+        degree_max=int(degree.max()) if n else 0,
+        weight_min=float(weights.min()) if len(weights) else 0.0,
+        weight_max=float(weights.max()) if len(weights) else 0.0)
+
+
+def label_histogram(labels: np.ndarray, num_classes: int, top: int = _TOP_CLASSES) -> str:
+    """Compact ``class:count`` list, e.g. ``0:12 1:30 2:5``; with many classes the ``top`` most frequent
+    (``7:40 3:22 1:10 0:5 +6 more``), so a 62-class client still fits one table cell."""
+    counts = np.bincount(labels.astype(np.int64), minlength=num_classes)
+    present = np.flatnonzero(counts)
+    if len(present) <= top:
+        return " ".join(f"{c}:{counts[c]}" for c in present)
+    by_count = sorted(present, key=lambda c: (-counts[c], c))
+    return " ".join(f"{c}:{counts[c]}" for c in by_count[:top]) + f" +{len(present) - top} more"
+
+
+def _client_targets(fed: Federation, i: int) -> np.ndarray:
+    return torch.cat([split.client(i)[1].reshape(-1) for split in (fed.train, fed.val, fed.test)]).numpy()
+
+
+def _target_cell(fed: Federation, targets: np.ndarray) -> str:
+    if fed.task == "classification":
+        return label_histogram(targets, fed.output_dim)
+    if targets.size == 0:
+        return "-"
+    return f"{targets.mean():.4g} ± {targets.std():.4g}"
+
+
+def render_federation(fed: Federation, console: Console, max_clients: int = 50) -> None:
+    """Print the overview, the per-client table (first ``max_clients`` rows plus totals) and the graph."""
+    counts = {name: getattr(fed, name).counts for name in ("train", "val", "test")}
+    overview = Table(title=f"{fed.name}", show_header=False)
+    overview.add_row("description", fed.description or "-")
+    overview.add_row("task / metric", f"{fed.task} / {fed.metric}")
+    novel = int(fed.novel_mask.sum())
+    overview.add_row("clients", f"{fed.num_clients}" + (f" ({novel} novel)" if novel else ""))
+    overview.add_row("feature shape", str(tuple(fed.input_shape)))
+    overview.add_row("classes" if fed.task == "classification" else "target size", str(fed.output_dim))
+    overview.add_row("samples train / val / test",
+                     " / ".join(str(int(c.sum())) for c in counts.values()))
+    console.print(overview)
+
+    target_header = "labels (all splits)" if fed.task == "classification" else "target mean ± std"
+    clients = Table(title="clients")
+    for header in ("client", "train", "val", "test", target_header):
+        clients.add_column(header, justify="right" if header in ("train", "val", "test") else "left")
+    everything: list[np.ndarray] = []
+    for i in range(fed.num_clients):
+        targets = _client_targets(fed, i)
+        everything.append(targets)
+        if i < max_clients:
+            name = fed.client_names[i] + (" (novel)" if bool(fed.novel_mask[i]) else "")
+            clients.add_row(name, *(str(int(c[i])) for c in counts.values()), _target_cell(fed, targets))
+    if fed.num_clients > max_clients:
+        clients.add_row(f"... {fed.num_clients - max_clients} more", "", "", "", "")
+    clients.add_section()
+    clients.add_row("total", *(str(int(c.sum())) for c in counts.values()),
+                    _target_cell(fed, np.concatenate(everything)))
+    console.print(clients)
+
+    if fed.client_graph is None:
+        console.print("client graph: none given (methods that need one infer it from the clients' updates)")
+        return
+    stats = graph_stats(fed.client_graph, fed.client_names)
+    graph = Table(title="client graph", show_header=False)
+    graph.add_row("nodes / edges", f"{stats.nodes} / {stats.edges}")
+    graph.add_row("density", f"{stats.density:.3f}")
+    graph.add_row("connected components", f"{stats.components} (largest {stats.largest_component} clients)")
+    isolated = ", ".join(stats.isolated[:_LISTED]) + (", ..." if len(stats.isolated) > _LISTED else "")
+    graph.add_row("isolated clients", f"{len(stats.isolated)}" + (f": {isolated}" if stats.isolated else ""))
+    graph.add_row("degree min / mean / max", f"{stats.degree_min} / {stats.degree_mean:.2f} / {stats.degree_max}")
+    if stats.edges and (stats.weight_min != 1.0 or stats.weight_max != 1.0):
+        graph.add_row("edge weight min / max", f"{stats.weight_min:.4g} / {stats.weight_max:.4g}")
+    console.print(graph)

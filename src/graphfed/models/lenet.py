@@ -1,0 +1,58 @@
+"""The LeNet-style CNN that pFedHN (its CIFAR target network) and pFedGAT train on CIFAR.
+
+conv(C -> channels, 5x5) -> ReLU -> maxpool 2 -> conv(channels -> channels2, 5x5) -> ReLU -> maxpool 2 ->
+fc(flat -> hidden) -> ReLU -> fc(hidden -> hidden2) -> ReLU -> fc(hidden2 -> classes), unpadded convolutions.
+Defaults 16 / 32 / 120 / 84 give the papers' network: 121,182 parameters on 32x32x3 CIFAR-10 (flat = 32*5*5),
+and it runs on 28x28x1 images as well (flat = 32*4*4): the flat size follows from ``input_shape``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from graphfed.models.base import TargetModel
+
+KERNEL = 5
+POOL = 2
+
+
+def _side_after_features(side: int) -> int:
+    """Height (or width) after two (5x5 valid conv, 2x2 pool) blocks."""
+    for _ in range(2):
+        side = (side - (KERNEL - 1)) // POOL
+    return side
+
+
+class LeNet(TargetModel):
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, channels: int = 16,
+                 channels2: int | None = None, hidden: int = 120, hidden2: int = 84) -> None:
+        super().__init__()
+        if len(input_shape) != 3:
+            raise ValueError(f"LeNet needs images shaped (channels, height, width), got {input_shape}")
+        channels2 = 2 * channels if channels2 is None else channels2  # pFedHN doubles the width in conv2
+        widths = {"channels": channels, "channels2": channels2, "hidden": hidden, "hidden2": hidden2}
+        for name, width in widths.items():
+            if width < 1:
+                raise ValueError(f"LeNet option {name} must be >= 1, got {width}")
+        in_channels, height, width = input_shape
+        out_h, out_w = _side_after_features(height), _side_after_features(width)
+        if out_h < 1 or out_w < 1:
+            raise ValueError(f"LeNet: images of {height}x{width} are too small for two 5x5 convolutions with "
+                             f"2x2 pooling (need at least 16x16)")
+        self.conv1 = nn.Conv2d(in_channels, channels, KERNEL)
+        self.conv2 = nn.Conv2d(channels, channels2, KERNEL)
+        self.fc1 = nn.Linear(channels2 * out_h * out_w, hidden)
+        self.fc2 = nn.Linear(hidden, hidden2)
+        self.fc3 = nn.Linear(hidden2, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.max_pool2d(torch.relu(self.conv1(x)), POOL)
+        h = torch.max_pool2d(torch.relu(self.conv2(h)), POOL)
+        h = torch.relu(self.fc1(h.flatten(1)))
+        return self.fc3(torch.relu(self.fc2(h)))
+
+    clients_in_loop = True
+
+    def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return self.client_loop_forward(params, x)  # faster than vmap for convolutions on CPU (see base.py)

@@ -1,0 +1,409 @@
+"""``graphfed bench SUITE.yaml``: a resumable grid of methods x datasets x seeds and its markdown report.
+
+A suite file names the grid and, where a paper reports a cell, the paper's number beside it::
+
+    name: smoke
+    seeds: 2                      # seeds per cell: seed, seed+1, ... from the config's seed
+    base:                         # RunConfig fields shared by every cell
+      torch_threads: 1
+      train: {rounds: 20, local_steps: 10}
+    datasets:
+      fl60:                       # a key of your choice: one table in the report
+        title: FL-60
+        config: {dataset: {name: fl60, novel_fraction: 0.2}}   # merged over base
+        methods: [panacea, panacea-big, fedavg]
+        method_options: {panacea: {server_steps: 2}}
+        variants: {panacea-big: {method: panacea, options: {hypernet_hidden: 200}}}  # a row of its own
+        paper:
+          - label: Panacea T2
+            source: "Panacea Table II (accuracy %, mean ± std over clients)"
+            numbers: {panacea: {test: "100.0 ± 0.0", novel: "100.0 ± 0.0"}}
+
+A relative ``dataset.data_dir`` in a suite is relative to the suite file; a dataset whose config names none
+reads ``--data-dir``, then ``$GRAPHFED_DATA``, then ``../shared/data``.
+
+Every cell runs in its own directory ``OUT/runs/<dataset key>/<method>/seed<k>``. A cell whose directory holds
+a completed summary of the same config is skipped; one with a checkpoint of the same config resumes from it, so
+an interrupted grid continues where it stopped. By default each cell runs in a fresh ``graphfed run``
+process, which isolates failures and makes each summary's ``peak_rss_mb`` that cell's own peak memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from graphfed.config import ConfigError, RunConfig, dump_config, load_config, validate_config
+from graphfed.report.plots import plot_comparison
+from graphfed.report.tables import compare_rows, row_cells
+from graphfed.sim import checkpoint as io
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PaperCell(_Strict):
+    test: str | None = None
+    novel: str | None = None
+
+
+class PaperReference(_Strict):
+    """Numbers one paper reports for one dataset setting (as printed, with the paper's own ± and unit)."""
+
+    label: str = Field(description="short column header, e.g. 'FedAGHN T2'")
+    source: str = Field(description="table caption and setting")
+    unit: str = ""
+    notes: str = ""
+    numbers: dict[str, PaperCell] = Field(default_factory=dict)
+
+
+class Variant(_Strict):
+    """A method under its own label with fixed options, e.g. ``fedaghn-released``."""
+
+    method: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class SuiteDataset(_Strict):
+    title: str | None = None
+    description: str = ""
+    config: dict[str, Any] = Field(default_factory=dict)
+    methods: list[str] = Field(min_length=1, description="method names or labels of `variants`")
+    method_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    variants: dict[str, Variant] = Field(default_factory=dict)
+    seeds: int | None = Field(default=None, ge=1, description="default: the suite's seeds")
+    paper: list[PaperReference] = Field(default_factory=list)
+
+
+class Suite(_Strict):
+    name: str
+    description: str = ""
+    seeds: int = Field(default=3, ge=1)
+    base: dict[str, Any] = Field(default_factory=dict)
+    datasets: dict[str, SuiteDataset] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the grid."""
+
+    dataset: str  # the suite's key
+    method: str  # the method's name, or a variant's label
+    config: RunConfig
+
+    def directory(self, out: Path) -> Path:
+        return out / "runs" / self.dataset / self.method / f"seed{self.config.seed}"
+
+
+def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_suite(path: Path) -> Suite:
+    """Read and validate a suite file; ConfigError with one line naming the file and the field."""
+    if not path.is_file():
+        raise ConfigError(f"suite file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    try:
+        suite = Suite.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        raise ConfigError(f"{path}: {field}: {first['msg']}") from None
+    for config in (suite.base, *(entry.config for entry in suite.datasets.values())):
+        _anchor_data_dir(config, path.parent)
+    return suite
+
+
+def _anchor_data_dir(config: dict[str, Any], folder: Path) -> None:
+    """A relative ``dataset.data_dir`` in a suite is relative to the suite file, not to where bench runs."""
+    dataset = config.get("dataset")
+    data_dir = dataset.get("data_dir") if isinstance(dataset, dict) else None
+    if isinstance(data_dir, str) and not Path(data_dir).expanduser().is_absolute():
+        dataset["data_dir"] = str((folder / data_dir).resolve())
+
+
+def suite_cells(suite: Suite, datasets: list[str] | None = None, methods: list[str] | None = None,
+                seeds: int | None = None, overrides: dict[str, Any] | None = None) -> list[Cell]:
+    """Every cell's validated config, all checked before anything runs. Filters select a part of the grid."""
+    unknown = [key for key in datasets or [] if key not in suite.datasets]
+    if unknown:
+        raise ConfigError(f"--datasets: not in the suite: {', '.join(unknown)}; the suite has "
+                          f"{', '.join(suite.datasets)}")
+    cells = []
+    for key, entry in suite.datasets.items():
+        if datasets and key not in datasets:
+            continue
+        shared = _deep_merge(_deep_merge(suite.base, entry.config), overrides or {})
+        for method in entry.methods:
+            if methods and method not in methods:
+                continue
+            variant = entry.variants.get(method) or Variant(method=method, options=entry.method_options.get(method, {}))
+            data = _deep_merge(shared, {"method": {"name": variant.method, "options": variant.options}})
+            first_seed = int(data.get("seed", 0))
+            for k in range(seeds or entry.seeds or suite.seeds):
+                data["seed"] = first_seed + k
+                try:
+                    config = validate_config(data)
+                except ConfigError as err:
+                    raise ConfigError(f"datasets.{key}, method {method}: {err}") from None
+                cells.append(Cell(key, method, config))
+    return cells
+
+
+# ---- running -------------------------------------------------------------------------------------------
+def _same_config(directory: Path, config: RunConfig) -> bool:
+    """Whether ``directory`` ran ``config``. Compared after validation, so a config.yaml written before a new
+    field with a default existed still matches."""
+    try:
+        return load_config(directory / io.CONFIG) == config
+    except (ConfigError, OSError):
+        return False
+
+
+def _finished_summary(directory: Path, config: RunConfig) -> dict[str, Any] | None:
+    """The completed summary of this config in ``directory``, if there is one."""
+    if not _same_config(directory, config):
+        return None
+    try:
+        summary = io.read_summary(directory)
+    except (OSError, ValueError):
+        return None
+    return summary if summary.get("status") == "completed" else None
+
+
+def _can_resume(directory: Path, config: RunConfig) -> bool:
+    return (directory / io.CHECKPOINT).is_file() and _same_config(directory, config)
+
+
+@contextmanager
+def _data_dir_env(data_dir: Path | None) -> Iterator[None]:
+    """Point datasets whose config names no data_dir at ``data_dir`` (cells' configs stay location-free)."""
+    previous = os.environ.get("GRAPHFED_DATA")
+    if data_dir is not None:
+        os.environ["GRAPHFED_DATA"] = str(data_dir.resolve())
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("GRAPHFED_DATA", None)
+        else:
+            os.environ["GRAPHFED_DATA"] = previous
+
+
+def _run_in_process(cell: Cell, directory: Path, resume: bool) -> dict[str, Any]:
+    from graphfed.sim.engine import run_config
+
+    return run_config(cell.config, directory, resume=resume, progress=False)
+
+
+def _run_in_subprocess(cell: Cell, directory: Path, resume: bool) -> dict[str, Any]:
+    directory.mkdir(parents=True, exist_ok=True)
+    cell_config = directory / "cell.yaml"
+    io.atomic_write_text(cell_config, dump_config(cell.config))
+    command = [sys.executable, "-m", "graphfed.cli", "run", str(cell_config), "--out", str(directory),
+               "--no-progress", *(["--resume"] if resume else [])]
+    completed = subprocess.run(command, capture_output=True, text=True, check=False)
+    try:
+        return io.read_summary(directory)
+    except (OSError, ValueError):
+        last_lines = (completed.stderr or completed.stdout).strip().splitlines()[-3:]
+        return {"status": f"failed (exit {completed.returncode}): {' / '.join(last_lines) or 'no output'}"}
+
+
+def run_cells(cells: list[Cell], out: Path, in_process: bool = False, data_dir: Path | None = None,
+              echo: Any = print) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Run (or reuse) every cell; returns summaries by (dataset key, method). A failed cell does not stop the grid."""
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    with _data_dir_env(data_dir):
+        for index, cell in enumerate(cells, 1):
+            directory = cell.directory(out)
+            label = f"[{index}/{len(cells)}] {cell.dataset} {cell.method} seed {cell.config.seed}"
+            summary = _finished_summary(directory, cell.config)
+            if summary is not None:
+                echo(f"{label}: done before, skipped")
+            else:
+                resume = _can_resume(directory, cell.config)
+                echo(f"{label}: {'resuming' if resume else 'running'} ...")
+                begin = time.perf_counter()
+                try:
+                    summary = (_run_in_process if in_process else _run_in_subprocess)(cell, directory, resume)
+                except (ConfigError, FileNotFoundError, ValueError, io.CheckpointError) as err:
+                    summary = {"status": f"failed: {err}"}
+                summary["cell_seconds"] = round(time.perf_counter() - begin, 1)
+                echo(f"{label}: {summary['status']}, test {summary.get('metric', '')} "
+                     f"{summary.get('test_mean')}, {summary['cell_seconds']} s")
+            summary.setdefault("status", "failed")
+            results.setdefault((cell.dataset, cell.method), []).append(summary)
+    return results
+
+
+# ---- the report ----------------------------------------------------------------------------------------
+NOT_RUN = "not run"
+REPORT_HEADERS = ["method", "test (mean ± std over seeds)", "std over clients", "pooled", "novel",
+                  "novel (adapted)", "wall s", "MB up", "peak RSS MiB"]
+
+PROTOCOL = (
+    "Each run is scored at its best-validation round (evaluated every `train.eval_every` rounds); a run's score "
+    "is the mean over its training clients of each client's test metric. Tables give the mean ± std over seeds "
+    "of that score, and the std over clients averaged over seeds. Novel clients (where the dataset holds some "
+    "out) never train and are scored at the same round without fine-tuning; 'novel (adapted)' is a separate "
+    "embedding-only adaptation. 'wall s' is the training loop of one run, 'peak RSS' the peak memory of the "
+    "run's process. Paper columns quote the paper as printed (its ± is usually the spread over clients): "
+    "they are context, not the same experiment — see each reference's notes.")
+
+
+def _paper_cells(entry: SuiteDataset, method: str) -> list[str]:
+    cells = []
+    for reference in entry.paper:
+        number = reference.numbers.get(method)
+        test = number.test if number and number.test else "—"
+        cells.append(test if not (number and number.novel) else f"{test} (novel {number.novel})")
+    return cells
+
+
+def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
+                     results: dict[tuple[str, str], list[dict[str, Any]]], out: Path) -> tuple[str, list[dict]]:
+    own = [cell for cell in cells if cell.dataset == key]
+    methods = list(dict.fromkeys(cell.method for cell in own))
+    completed = {method: [s for s in results.get((key, method), []) if s["status"] == "completed"]
+                 for method in methods}
+    failed = {method: [s["status"] for s in results.get((key, method), []) if s["status"] not in ("completed", NOT_RUN)]
+              for method in methods}
+    not_run = [method for method in methods if not completed[method] and not failed[method]]
+    rows = compare_rows({method: runs for method, runs in completed.items() if runs})
+    for row in rows:
+        rss = [s.get("peak_rss_mb") for s in completed[row["method"]] if s.get("peak_rss_mb") is not None]
+        row["peak_rss_mb"] = max(rss) if rss else None
+    config = own[0].config
+    train = config.train
+    headers = REPORT_HEADERS + [reference.label for reference in entry.paper]
+    lines = [f"## {entry.title or key}", ""]
+    if entry.description:
+        lines += [entry.description, ""]
+    seeds = sorted({cell.config.seed for cell in own})
+    lines += [f"`{key}`: dataset `{config.dataset.name}`, model `{config.model.name}` "
+              f"{json.dumps(config.model.options) if config.model.options else ''}; {train.rounds} rounds, "
+              f"{train.clients_per_round} clients per round, {train.local_steps} local steps of batch "
+              f"{train.batch_size} at lr {train.lr}; evaluation every {train.eval_every} rounds; seeds "
+              f"{', '.join(map(str, seeds))}.", ""]
+    lines += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for row in rows:
+        rss = "—" if row["peak_rss_mb"] is None else f"{row['peak_rss_mb']:.0f}"
+        lines.append("| " + " | ".join([*row_cells(row), rss, *_paper_cells(entry, row["method"])]) + " |")
+    missing = [f"`{method}`: {'; '.join(statuses)}" for method, statuses in failed.items() if statuses]
+    if missing:
+        lines += ["", "Not completed (left out of the table): " + " — ".join(missing)]
+    if not_run:
+        lines += ["", "Not run yet: " + ", ".join(f"`{method}`" for method in not_run)]
+    partial = [f"`{row['method']}` ({row['seeds']} of {len(seeds)})" for row in rows if row["seeds"] < len(seeds)]
+    if partial:
+        lines += ["", "Fewer seeds than the suite asks: " + ", ".join(partial)]
+    for reference in entry.paper:
+        lines += ["", f"*{reference.label}*: {reference.source}" + (f" ({reference.unit})" if reference.unit else "")
+                  + (f". {reference.notes}" if reference.notes else "")]
+    if rows:
+        plot = out / "plots" / f"{key}.png"
+        histories = {row["method"]: io.RoundLog(Cell(key, row["method"], config).directory(out)).read()
+                     for row in rows}
+        plot_comparison(histories, plot, config_metric(rows), title=f"{entry.title or key} (seed {config.seed})")
+        lines += ["", f"![convergence, {key}](plots/{key}.png)"]
+    return "\n".join(lines) + "\n", rows
+
+
+def config_metric(rows: list[dict[str, Any]]) -> str:
+    return rows[0]["metric"] if rows else "accuracy"
+
+
+def environment() -> dict[str, Any]:
+    return {"torch": torch.__version__, "platform": platform.platform(), "python": platform.python_version(),
+            "cpu_count": os.cpu_count()}
+
+
+def _previous_invocations(out: Path) -> list[dict[str, Any]]:
+    try:
+        return list(json.loads((out / "report.json").read_text()).get("invocations", []))
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
+def write_report(suite: Suite, cells: list[Cell], results: dict[tuple[str, str], list[dict[str, Any]]],
+                 out: Path, command: str, seconds: float) -> Path:
+    """``OUT/report.md`` (tables, plots, paper numbers) and ``OUT/report.json`` (every summary and row)."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment()
+    total_run_seconds = sum(s.get("cell_seconds", 0.0) for runs in results.values() for s in runs)
+    sections, tables = [], {}
+    for key, entry in suite.datasets.items():
+        if any(cell.dataset == key for cell in cells):
+            text, rows = _dataset_section(key, entry, cells, results, out)
+            sections.append(text)
+            tables[key] = rows
+    # Every invocation that added cells to this directory, oldest first (a grid is often run in parts).
+    invocations = _previous_invocations(out)
+    invocations.append({"command": command, "seconds": round(seconds, 1),
+                        "seconds_in_new_cells": round(total_run_seconds, 1),
+                        "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
+    header = [f"# {suite.name}", ""]
+    if suite.description:
+        header += [suite.description.strip(), ""]
+    header += ["Produced by these invocations, in order (each reuses the cells finished before it):", "", "```",
+               *(item["command"] for item in invocations), "```", "",
+               f"torch {env['torch']}, {env['cpu_count']} CPU(s), {env['platform']}. Time spent in cells run by "
+               "each invocation: " + ", ".join(f"{item['seconds_in_new_cells']:.0f} s" for item in invocations) + ".",
+               "", PROTOCOL, ""]
+    report = out / "report.md"
+    io.atomic_write_text(report, "\n".join(header + sections))
+    payload = {"suite": suite.model_dump(mode="json"), "invocations": invocations, "environment": env,
+               "tables": tables,
+               "runs": {f"{key}/{method}": runs for (key, method), runs in results.items()}}
+    io.atomic_write_text(out / "report.json", json.dumps(payload, indent=2, default=str) + "\n")
+    return report
+
+
+def run_suite(suite_path: Path, out: Path, datasets: list[str] | None = None, methods: list[str] | None = None,
+              seeds: int | None = None, overrides: dict[str, Any] | None = None, data_dir: Path | None = None,
+              in_process: bool = False, command: str | None = None, echo: Any = print) -> tuple[Path, bool]:
+    """Run a suite end to end; returns the report path and whether every cell completed."""
+    begin = time.perf_counter()
+    suite = load_suite(suite_path)
+    cells = suite_cells(suite, seeds=seeds, overrides=overrides)
+    selected = suite_cells(suite, datasets, methods, seeds, overrides)
+    results = run_cells(selected, out, in_process=in_process, data_dir=data_dir, echo=echo)
+    all_done = all(s["status"] == "completed" for runs in results.values() for s in runs)
+    # The report covers the whole suite: cells a filtered invocation skipped count if an earlier one finished them.
+    for cell in cells:
+        if cell not in selected:
+            finished = _finished_summary(cell.directory(out), cell.config)
+            results.setdefault((cell.dataset, cell.method), []).append(finished or {"status": NOT_RUN})
+    command = command or shlex.join(["graphfed", "bench", str(suite_path), "--out", str(out)])
+    report = write_report(suite, cells, results, out, command, time.perf_counter() - begin)
+    return report, all_done
+
+
+__all__ = ["Cell", "PaperReference", "Suite", "load_suite", "run_cells", "run_suite",
+           "suite_cells", "write_report"]

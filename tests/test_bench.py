@@ -1,0 +1,160 @@
+"""``graphfed bench``: the smoke suite end to end, resuming, failures and suite validation."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from graphfed.cli import app
+from graphfed.config import ConfigError
+from graphfed.report import bench
+from graphfed.report.bench import load_suite, run_suite, suite_cells
+from graphfed.sim import checkpoint as io
+
+SMOKE = Path(__file__).parents[1] / "benchmarks" / "suites" / "smoke.yaml"
+PAPER = Path(__file__).parents[1] / "benchmarks" / "suites" / "paper.yaml"
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """The smoke suite run once, in process (about 20 s), shared by the tests that only read its output."""
+    out = tmp_path_factory.mktemp("smoke")
+    lines: list[str] = []
+    report, all_done = run_suite(SMOKE, out, in_process=True, echo=lines.append)
+    assert all_done and report == out / "report.md"
+    return out, lines
+
+
+def test_smoke_report_has_every_cell_table_plot_and_paper_column(smoke_run: tuple[Path, list[str]]) -> None:
+    out, lines = smoke_run
+    suite = load_suite(SMOKE)
+    cells = suite_cells(suite)
+    assert len(cells) == 12 and len(lines) == 2 * len(cells)  # a "running" and a result line per cell
+    report = (out / "report.md").read_text()
+    for key, entry in suite.datasets.items():
+        assert f"## {entry.title}" in report
+        assert (out / "plots" / f"{key}.png").stat().st_size > 0
+        assert f"![convergence, {key}](plots/{key}.png)" in report
+        for method in entry.methods:
+            assert f"\n| {method} |" in report
+    # the paper's number sits in the row of its method, and the source is quoted
+    fedavg_row = next(line for line in report.splitlines() if line.startswith("| fedavg |"))
+    assert fedavg_row.endswith("| 97.9 ± 9.7 (novel 99.2 ± 2.9) |")
+    assert "*Panacea T2*: Panacea Table II" in report
+    # a variant is its own row, run with its own options
+    assert "\n| fedaghn-released |" in report
+    variant_config = yaml.safe_load((out / "runs/digits/fedaghn-released/seed0/config.yaml").read_text())
+    assert variant_config["method"] == {"name": "fedaghn", "options": {"hypergrad_sign": "released"}}
+    payload = json.loads((out / "report.json").read_text())
+    runs = payload["runs"]["fl60/panacea"]
+    assert [run["seed"] for run in runs] == [0, 1] and all(run["peak_rss_mb"] > 0 for run in runs)
+    # the table's mean is the mean over seeds of each run's per-client mean
+    row = next(r for r in payload["tables"]["fl60"] if r["method"] == "panacea")
+    assert row["test"][0] == pytest.approx(sum(run["test_mean"] for run in runs) / 2)
+
+
+def test_second_invocation_skips_finished_cells_and_resumes_an_interrupted_one(
+        smoke_run: tuple[Path, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "smoke"
+    shutil.copytree(smoke_run[0], out)
+    interrupted = out / "runs" / "fl60" / "fedavg" / "seed1"
+    before = io.read_summary(interrupted)
+    (interrupted / io.SUMMARY).unlink()  # as if killed after its last checkpoint, before the summary
+    calls: list[tuple[str, bool]] = []
+    real = bench._run_in_process
+
+    def spy(cell: bench.Cell, directory: Path, resume: bool) -> dict:
+        calls.append((f"{cell.dataset}/{cell.method}/{cell.config.seed}", resume))
+        return real(cell, directory, resume)
+
+    monkeypatch.setattr(bench, "_run_in_process", spy)
+    lines: list[str] = []
+    _, all_done = run_suite(SMOKE, out, in_process=True, echo=lines.append)
+    assert all_done and calls == [("fl60/fedavg/1", True)]
+    assert sum("done before, skipped" in line for line in lines) == 11
+    after = io.read_summary(interrupted)
+    assert after["test_mean"] == before["test_mean"]
+
+
+def test_changed_config_reruns_the_cell(smoke_run: tuple[Path, list[str]], tmp_path: Path) -> None:
+    out = tmp_path / "smoke"
+    shutil.copytree(smoke_run[0], out)
+    lines: list[str] = []
+    run_suite(SMOKE, out, datasets=["digits"], methods=["local"], seeds=1, in_process=True,
+              overrides={"train": {"rounds": 5}}, echo=lines.append)
+    assert lines == ["[1/1] digits local seed 0: running ...", lines[1]] and "completed" in lines[1]
+    assert io.read_summary(out / "runs" / "digits" / "local" / "seed0")["rounds"] == 5
+
+
+def test_failed_cell_is_reported_and_the_grid_goes_on(tmp_path: Path) -> None:
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(yaml.safe_dump({
+        "name": "partly broken", "seeds": 1,
+        "base": {"train": {"rounds": 2, "local_steps": 2, "eval_every": 1}},
+        "datasets": {
+            "tpt48": {"config": {"dataset": {"name": "tpt48", "data_dir": str(tmp_path / "nowhere")}},
+                      "methods": ["fedavg"]},
+            "fln": {"config": {"dataset": {"name": "fln", "num_clients": 6}}, "methods": ["local"]},
+        }}))
+    result = CliRunner().invoke(app, ["bench", str(suite), "--out", str(tmp_path / "out"), "--in-process"])
+    assert result.exit_code == 3
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "Not completed (left out of the table): `fedavg`: failed:" in report and "nowhere" in report
+    assert "\n| local |" in report
+
+
+def test_cell_in_its_own_process_records_its_peak_memory(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["bench", str(SMOKE), "--out", str(tmp_path), "--datasets", "fl60",
+                                      "--methods", "fedavg", "--seeds", "1", "--set", "train.rounds=2"])
+    assert result.exit_code == 0, result.output
+    summary = io.read_summary(tmp_path / "runs" / "fl60" / "fedavg" / "seed0")
+    assert summary["status"] == "completed" and summary["rounds"] == 2
+    assert 50 < summary["peak_rss_mb"] < 4096  # a real process's own peak, in MiB
+    # the report still covers the whole suite and says what this partial invocation left out
+    report = (tmp_path / "report.md").read_text()
+    assert "Not run yet: `panacea`, `pfedhn`" in report and "--datasets fl60" in report
+
+
+def test_relative_data_dir_is_relative_to_the_suite_file(tmp_path: Path) -> None:
+    (tmp_path / "suites").mkdir()
+    suite = tmp_path / "suites" / "s.yaml"
+    suite.write_text(yaml.safe_dump({"name": "x", "datasets": {"t": {
+        "config": {"dataset": {"name": "tpt48", "data_dir": "../data"}}, "methods": ["fedavg"]}}}))
+    cell = suite_cells(load_suite(suite), seeds=1)[0]
+    assert cell.config.dataset.data_dir == str((tmp_path / "data").resolve())
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("name: x\ndatasets: {}\n", "datasets: Dictionary should have at least 1 item"),
+    ("name: x\ndatasets: {a: {methods: [fedavg]}}\nextra: 1\n", "extra: Extra inputs are not permitted"),
+    ("name: x\ndatasets: {a: {methods: [nope]}}\n", "datasets.a, method nope: method.name: unknown method"),
+    ("name: x\ndatasets: {a: {methods: [fedavg], config: {train: {rounds: 0}}}}\n",
+     "datasets.a, method fedavg: train.rounds: Input should be greater than or equal to 1"),
+    ("name: [x\n", "not valid YAML"),
+])
+def test_invalid_suite_is_one_clear_error_before_anything_runs(tmp_path: Path, content: str, message: str) -> None:
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(content)
+    result = CliRunner().invoke(app, ["bench", str(suite), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert message in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_dataset_filter_names_the_suite_keys() -> None:
+    with pytest.raises(ConfigError, match="not in the suite: nope; the suite has fl60, digits"):
+        suite_cells(load_suite(SMOKE), datasets=["nope"])
+
+
+def test_paper_suite_is_valid_and_covers_the_issue_grid() -> None:
+    suite = load_suite(PAPER)
+    cells = suite_cells(suite)
+    datasets = {cell.config.dataset.name for cell in cells}
+    assert {"fl60", "tpt48", "metr-la-week", "fashion-mnist", "cifar10", "femnist"} <= datasets
+    assert all(len({c.config.seed for c in cells if (c.dataset, c.method) == (cell.dataset, cell.method)}) >= 3
+               for cell in cells)
