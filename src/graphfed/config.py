@@ -129,19 +129,21 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Read a YAML config (or start from defaults), apply ``--set`` overrides, validate once."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.exists():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of fields")
-        data = loaded or {}
+    data = read_yaml_mapping(Path(path), "config file") if path is not None else {}
     return validate_config(apply_overrides(data, overrides or []))
+
+
+def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
+    """The mapping in a YAML file (empty file: ``{}``); ConfigError naming the file if missing or malformed."""
+    if not path.is_file():
+        raise ConfigError(f"{what} not found: {path}")
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of fields")
+    return loaded or {}
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

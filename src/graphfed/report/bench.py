@@ -44,10 +44,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from graphfed.config import ConfigError, RunConfig, dump_config, load_config, validate_config
+from graphfed.config import ConfigError, RunConfig, dump_config, load_config, read_yaml_mapping, validate_config
 from graphfed.report.plots import plot_comparison
 from graphfed.report.tables import compare_rows, row_cells
 from graphfed.sim import checkpoint as io
@@ -122,12 +121,7 @@ def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 
 def load_suite(path: Path) -> Suite:
     """Read and validate a suite file; ConfigError with one line naming the file and the field."""
-    if not path.is_file():
-        raise ConfigError(f"suite file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    data = read_yaml_mapping(path, "suite file")
     try:
         suite = Suite.model_validate(data)
     except ValidationError as err:
