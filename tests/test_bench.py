@@ -158,3 +158,18 @@ def test_paper_suite_is_valid_and_covers_the_issue_grid() -> None:
     assert {"fl60", "tpt48", "metr-la-week", "fashion-mnist", "cifar10", "femnist"} <= datasets
     assert all(len({c.config.seed for c in cells if (c.dataset, c.method) == (cell.dataset, cell.method)}) >= 3
                for cell in cells)
+
+
+def test_regression_table_adds_mae_in_data_units_mean_and_std_over_seeds(tmp_path: Path) -> None:
+    suite = load_suite(SMOKE)
+    cells = [cell for cell in suite_cells(suite) if cell.dataset == "fl60" and cell.method == "fedavg"]
+    summaries = [{"status": "completed", "metric": "mse", "seed": seed, "test_mean": 0.01 * (seed + 1),
+                  "test_std": 0.001, "test_pooled": 0.01, "novel_mean": None, "novel_adapted_mean": None,
+                  "wall_seconds": 1.0, "bytes_up": 0, "peak_rss_mb": 100.0 + seed,
+                  "test_mae_original_units": mae} for seed, mae in enumerate([4.0, 6.0])]
+    text, rows = bench._dataset_section("fl60", suite.datasets["fl60"], cells, {("fl60", "fedavg"): summaries},
+                                        tmp_path)
+    assert "| MAE, data units |" in text
+    row = next(line for line in text.splitlines() if line.startswith("| fedavg |"))
+    assert "| 5.000 ± 1.000 |" in row and "| 101 |" in row  # MAE mean ± std over seeds; the largest peak RSS
+    assert rows[0]["test"] == pytest.approx((0.015, 0.005))

@@ -34,6 +34,7 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -291,11 +292,16 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
     not_run = [method for method in methods if not completed[method] and not failed[method]]
     rows = compare_rows({method: runs for method, runs in completed.items() if runs})
     for row in rows:
-        rss = [s.get("peak_rss_mb") for s in completed[row["method"]] if s.get("peak_rss_mb") is not None]
+        runs = completed[row["method"]]
+        rss = [s.get("peak_rss_mb") for s in runs if s.get("peak_rss_mb") is not None]
         row["peak_rss_mb"] = max(rss) if rss else None
+        mae = [s["test_mae_original_units"] for s in runs if s.get("test_mae_original_units") is not None]
+        row["mae_original_units"] = (statistics.fmean(mae), statistics.pstdev(mae)) if mae else None
+    with_mae = any(row["mae_original_units"] for row in rows)  # regression with a known target scale
     config = own[0].config
     train = config.train
-    headers = REPORT_HEADERS + [reference.label for reference in entry.paper]
+    headers = [*REPORT_HEADERS, *(["MAE, data units"] if with_mae else []),
+               *(reference.label for reference in entry.paper)]
     lines = [f"## {entry.title or key}", ""]
     if entry.description:
         lines += [entry.description, ""]
@@ -308,7 +314,9 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
     lines += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for row in rows:
         rss = "—" if row["peak_rss_mb"] is None else f"{row['peak_rss_mb']:.0f}"
-        lines.append("| " + " | ".join([*row_cells(row), rss, *_paper_cells(entry, row["method"])]) + " |")
+        mae = row["mae_original_units"]
+        mae_cells = ([] if not with_mae else ["—" if mae is None else f"{mae[0]:.3f} ± {mae[1]:.3f}"])
+        lines.append("| " + " | ".join([*row_cells(row), rss, *mae_cells, *_paper_cells(entry, row["method"])]) + " |")
     missing = [f"`{method}`: {'; '.join(statuses)}" for method, statuses in failed.items() if statuses]
     if missing:
         lines += ["", "Not completed (left out of the table): " + " — ".join(missing)]
