@@ -15,6 +15,12 @@ model, and ``bytes_up`` counts it. ``feedback: loss_only`` keeps the paper's sca
 returns its validation loss at theta'_i +- mu*u for a unit direction u drawn from a seed both sides know,
 and the server forms the two-point zeroth-order estimate  dim * (L+ - L-) / (2 mu) * u  — unbiased but
 with variance growing with the model size, so it learns far more slowly.
+
+Static attention (a property of the paper's layer, measured in benchmarks/results/aggregation): GAT scores
+e_ij = LeakyReLU(a_dst.W h_i + a_src.W h_j), and the a_dst term, the same for every j of row i, cancels in the
+softmax wherever the LeakyReLU stays on one side of its kink. Then every row of R is the same distribution
+over clients and all clients receive the same theta'; on FedAGHN's case-study split R's rows coincided to
+4 decimals, so pFedGAT gave same-group clients no more weight than others.
 """
 
 from __future__ import annotations
