@@ -1,1 +1,17 @@
 """Dataset builders: each module turns raw data (generated or read from disk) into per-client arrays."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def missing_data(what: str, path: Path | str, folder: str, needs: str = "") -> FileNotFoundError:
+    """The error for data that is not where the config points: names the path and the settings that move it."""
+    return FileNotFoundError(f"{what} not found: {path}; set dataset.data_dir (or the GRAPHFED_DATA environment "
+                             f"variable) to the folder that contains '{folder}/'{needs}")
+
+
+def require_file(path: Path, what: str, folder: str) -> None:
+    """Raise :func:`missing_data` unless ``path`` is a file."""
+    if not path.is_file():
+        raise missing_data(what, path, folder)

@@ -33,7 +33,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from graphfed.data.datasets.idx import ImageSet, _missing_message
+from graphfed.data.datasets.idx import ImageSet, missing_image_file
 
 __all__ = [
     "CACHE_NAME",
@@ -244,7 +244,7 @@ def load_cifar10_arrays(folder: Path | str, limit: int | None = None) -> Decoded
     """
     tarball = Path(folder) / TARBALL
     if not tarball.is_file():
-        raise FileNotFoundError(_missing_message(tarball, [tarball]))
+        raise missing_image_file(tarball, [tarball])
     if limit is not None:
         return decode_tarball(tarball, limit)
     fingerprint = tarball_fingerprint(tarball)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from graphfed.config import DatasetConfig
+from graphfed.data.datasets import missing_data
 from graphfed.data.partition import SplitMode
 
 __all__ = [
@@ -61,9 +62,7 @@ class FemnistData:
 
 
 def _missing(path: Path) -> FileNotFoundError:
-    return FileNotFoundError(f"FEMNIST data not found: {path}; set dataset.data_dir (or the GRAPHFED_DATA "
-                             f"environment variable) to the folder that contains '{FOLDER}/' with LEAF "
-                             f"train/*.json.gz and test/*.json.gz shards")
+    return missing_data("FEMNIST data", path, FOLDER, " with LEAF train/*.json.gz and test/*.json.gz shards")
 
 
 def _shards(folder: Path) -> list[Path]:

@@ -24,6 +24,8 @@ from typing import Literal
 
 import numpy as np
 
+from graphfed.data.datasets import missing_data
+
 __all__ = [
     "CASESTUDY_GROUPS",
     "CASESTUDY_GROUP_FRACTION",
@@ -37,6 +39,7 @@ __all__ = [
     "group_class_partition",
     "load_idx_images",
     "load_image_set",
+    "missing_image_file",
     "read_idx",
 ]
 
@@ -58,11 +61,10 @@ class ImageSet:
     num_classes: int
 
 
-def _missing_message(path: Path, tried: list[Path]) -> str:
+def missing_image_file(path: Path, tried: list[Path]) -> FileNotFoundError:
     others = [str(p) for p in tried if p != path]
     also = f" (also tried {', '.join(others)})" if others else ""
-    return (f"image data file not found: {path}{also}; set dataset.data_dir (or the GRAPHFED_DATA environment "
-            f"variable) to the folder that contains '{path.parent.name}/'")
+    return missing_data("image data file", f"{path}{also}", path.parent.name)
 
 
 def find_idx_file(folder: Path | str, part: Part, kind: Literal["images", "labels"]) -> Path:
@@ -73,7 +75,7 @@ def find_idx_file(folder: Path | str, part: Part, kind: Literal["images", "label
     for path in tried:
         if path.is_file():
             return path
-    raise FileNotFoundError(_missing_message(tried[0], tried))
+    raise missing_image_file(tried[0], tried)
 
 
 def read_idx(path: Path | str, expected_magic: int) -> np.ndarray:
@@ -85,7 +87,7 @@ def read_idx(path: Path | str, expected_magic: int) -> np.ndarray:
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(_missing_message(path, [path]))
+        raise missing_image_file(path, [path])
     try:
         with gzip.open(path, "rb") as fh:
             raw = fh.read()

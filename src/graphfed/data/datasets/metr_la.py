@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from graphfed.data.datasets import missing_data, require_file
 from graphfed.data.partition import split_client_indices
 
 FOLDER = "metr-la-week"
@@ -66,16 +67,6 @@ class MetrLAData:
         return self.speed_max - self.speed_min
 
 
-def _missing_message(path: Path, what: str = "file") -> str:
-    return (f"METR-LA data {what} not found: {path}; set dataset.data_dir (or the GRAPHFED_DATA environment "
-            f"variable) to the folder that contains '{FOLDER}/'")
-
-
-def _require_file(path: Path) -> None:
-    if not path.is_file():
-        raise FileNotFoundError(_missing_message(path))
-
-
 def _parse_row(path: Path, line: int, row: list[str], width: int) -> np.ndarray:
     """One CSV row as float64, with an error naming the file, the line and the offending cell."""
     if len(row) != width:
@@ -98,7 +89,7 @@ def _parse_row(path: Path, line: int, row: list[str], width: int) -> np.ndarray:
 
 def read_speeds(path: Path, num_sensors: int = NUM_SENSORS) -> tuple[list[str], np.ndarray]:
     """Read the gzipped speed table; return (sensor ids in column order, mph array [sensors, steps])."""
-    _require_file(path)
+    require_file(path, "METR-LA data file", FOLDER)
     try:
         with gzip.open(path, "rt", newline="", encoding="utf-8-sig") as fh:
             rows = [row for row in csv.reader(fh) if row]
@@ -121,7 +112,7 @@ def read_speeds(path: Path, num_sensors: int = NUM_SENSORS) -> tuple[list[str], 
 
 def read_adjacency(path: Path, num_sensors: int = NUM_SENSORS) -> np.ndarray:
     """Read the header-less ``num_sensors`` x ``num_sensors`` weighted adjacency; entries must be >= 0."""
-    _require_file(path)
+    require_file(path, "METR-LA data file", FOLDER)
     with path.open(newline="", encoding="utf-8-sig") as fh:
         rows = [row for row in csv.reader(fh) if row]
     if len(rows) != num_sensors:
@@ -165,7 +156,7 @@ def load_metr_la(data_dir: Path | str, split: tuple[float, float, float] = (0.7,
     thresholded sensor graph (see the module docstring)."""
     folder = Path(data_dir) / FOLDER
     if not folder.is_dir():
-        raise FileNotFoundError(_missing_message(folder, "folder"))
+        raise missing_data("METR-LA data folder", folder, FOLDER)
     speed_path = folder / SPEED_FILE
     ids, speeds = read_speeds(speed_path, num_sensors)
     ids_path = folder / SENSOR_IDS_FILE

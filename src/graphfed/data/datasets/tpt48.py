@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from graphfed.data.datasets import missing_data, require_file
+
 FOLDER = "tpt48"
 TEMPERATURE_FILE = "tpt48_monthly_tavg_F_1895-2019.csv"
 EDGES_FILE = "tpt48_adjacency_edges.csv"
@@ -51,20 +53,10 @@ def _month_range(first: str, last: str) -> list[str]:
     return [f"{k // 12:04d}-{k % 12 + 1:02d}" for k in range(_month_index(first), _month_index(last) + 1)]
 
 
-def _missing_message(what: str, path: Path) -> str:
-    return (f"TPT-48 data {what} not found: {path}; set dataset.data_dir (or the GRAPHFED_DATA environment "
-            f"variable) to the folder that contains '{FOLDER}/'")
-
-
-def _require_file(path: Path) -> None:
-    if not path.is_file():
-        raise FileNotFoundError(_missing_message("file", path))
-
-
 def read_temperatures(path: Path, first: str = FIRST_MONTH,
                       last: str = LAST_MONTH) -> tuple[list[str], np.ndarray]:
     """Read the state x month table; return (state codes in row order, deg F array [states, months])."""
-    _require_file(path)
+    require_file(path, "TPT-48 data file", FOLDER)
     # utf-8-sig: tolerate a byte-order mark (some of the sibling CSVs in this folder carry one).
     with path.open(newline="", encoding="utf-8-sig") as fh:
         rows = [row for row in csv.reader(fh) if row]
@@ -105,7 +97,7 @@ def read_temperatures(path: Path, first: str = FIRST_MONTH,
 
 def read_edges(path: Path, codes: Sequence[str]) -> np.ndarray:
     """Read the ``state_a,state_b`` edge list and map codes to row indices of ``codes``; [E, 2] int64."""
-    _require_file(path)
+    require_file(path, "TPT-48 data file", FOLDER)
     with path.open(newline="", encoding="utf-8-sig") as fh:
         rows = [row for row in csv.reader(fh) if row]
     if not rows or [h.strip() for h in rows[0]] != ["state_a", "state_b"]:
@@ -140,7 +132,7 @@ def load_tpt48(data_dir: Path | str) -> TPT48Data:
     """Load TPT-48 from ``<data_dir>/tpt48``, scaled and windowed (see the module docstring)."""
     folder = Path(data_dir) / FOLDER
     if not folder.is_dir():
-        raise FileNotFoundError(_missing_message("folder", folder))
+        raise missing_data("TPT-48 data folder", folder, FOLDER)
     temp_path = folder / TEMPERATURE_FILE
     codes, temps = read_temperatures(temp_path)
     lo, hi = float(temps.min()), float(temps.max())
