@@ -34,7 +34,6 @@ import json
 import os
 import platform
 import shlex
-import statistics
 import subprocess
 import sys
 import time
@@ -180,10 +179,7 @@ def _same_config(directory: Path, config: RunConfig) -> bool:
         return False
 
 
-def _finished_summary(directory: Path, config: RunConfig) -> dict[str, Any] | None:
-    """The completed summary of this config in ``directory``, if there is one."""
-    if not _same_config(directory, config):
-        return None
+def _completed_summary(directory: Path) -> dict[str, Any] | None:
     try:
         summary = io.read_summary(directory)
     except (OSError, ValueError):
@@ -191,8 +187,9 @@ def _finished_summary(directory: Path, config: RunConfig) -> dict[str, Any] | No
     return summary if summary.get("status") == "completed" else None
 
 
-def _can_resume(directory: Path, config: RunConfig) -> bool:
-    return (directory / io.CHECKPOINT).is_file() and _same_config(directory, config)
+def _finished_summary(directory: Path, config: RunConfig) -> dict[str, Any] | None:
+    """The completed summary of this config in ``directory``, if there is one."""
+    return _completed_summary(directory) if _same_config(directory, config) else None
 
 
 @contextmanager
@@ -238,11 +235,12 @@ def run_cells(cells: list[Cell], out: Path, in_process: bool = False, data_dir: 
         for index, cell in enumerate(cells, 1):
             directory = cell.directory(out)
             label = f"[{index}/{len(cells)}] {cell.dataset} {cell.method} seed {cell.config.seed}"
-            summary = _finished_summary(directory, cell.config)
+            same_config = _same_config(directory, cell.config)  # read config.yaml once per cell
+            summary = _completed_summary(directory) if same_config else None
             if summary is not None:
                 echo(f"{label}: done before, skipped")
             else:
-                resume = _can_resume(directory, cell.config)
+                resume = same_config and (directory / io.CHECKPOINT).is_file()
                 echo(f"{label}: {'resuming' if resume else 'running'} ...")
                 begin = time.perf_counter()
                 try:
@@ -291,12 +289,6 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
               for method in methods}
     not_run = [method for method in methods if not completed[method] and not failed[method]]
     rows = compare_rows({method: runs for method, runs in completed.items() if runs})
-    for row in rows:
-        runs = completed[row["method"]]
-        rss = [s.get("peak_rss_mb") for s in runs if s.get("peak_rss_mb") is not None]
-        row["peak_rss_mb"] = max(rss) if rss else None
-        mae = [s["test_mae_original_units"] for s in runs if s.get("test_mae_original_units") is not None]
-        row["mae_original_units"] = (statistics.fmean(mae), statistics.pstdev(mae)) if mae else None
     with_mae = any(row["mae_original_units"] for row in rows)  # regression with a known target scale
     config = own[0].config
     train = config.train
