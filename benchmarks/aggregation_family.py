@@ -32,6 +32,7 @@ SUITE = REPO / "benchmarks" / "suites" / "aggregation.yaml"
 RESULTS = REPO / "benchmarks" / "results" / "aggregation"
 GROUPED = "casestudy"  # suite key of the case-study split (clients in groups of shared classes)
 IID = "iid"  # suite key of the IID split
+CHECKED = ("fedaghn", "pfedgat")  # the issue's checks; other rows (e.g. the paper's GAT layer) are for contrast
 
 
 def _last_graph(run_dir: Path) -> tuple[int, list[str], np.ndarray]:
@@ -73,7 +74,7 @@ def grouped_section(cells: list[Cell], out: Path) -> tuple[list[str], list[str]]
             groups_by_seed[seed] = _client_groups(cell.config)
         weights = group_weights(matrices, groups_by_seed[seed])
         ok = weights.similar > weights.other
-        if not ok:
+        if not ok and cell.method in CHECKED:
             failures.append(f"{cell.method} seed {seed}: Similar {weights.similar:.4f} <= Other {weights.other:.4f}")
         lines.append(f"| {cell.method} | {seed} | {last_round} | {weights.self_weight:.4f} | {weights.similar:.4f} | "
                      f"{weights.other:.4f} | {'yes' if ok else '**no**'} | {_row_spread(matrices):.4f} |")
@@ -92,7 +93,7 @@ def iid_section(cells: list[Cell], out: Path) -> tuple[list[str], list[str]]:
         last_round, _, matrices = _last_graph(run_dir)
         deviation = max_deviation_from_uniform(matrices)
         ok = deviation <= 0.5
-        if not ok:
+        if not ok and cell.method in CHECKED:
             failures.append(f"{cell.method} seed {cell.config.seed}: max deviation {deviation:.3f}/N > 0.5/N")
         lines.append(f"| {cell.method} | {cell.config.seed} | {last_round} | {matrices.shape[-1]} | {deviation:.3f} | "
                      f"{'yes' if ok else '**no**'} | {_row_spread(matrices):.4f} |")
@@ -123,14 +124,16 @@ def main(argv: list[str] | None = None) -> int:
                "client of the same group, Other the mean weight per client of another group (FedAGHN Table 4).", "",
                f"### Case-study split (`{GROUPED}`): 5 groups of 4 clients sharing classes", "", *grouped,
                f"### IID split (`{IID}`)", "", *iid,
-               "**Checks:** " + ("all passed." if not failures else "FAILED: " + "; ".join(failures)), "",
+               f"**Checks** (on {', '.join(CHECKED)}): " + ("all passed." if not failures
+                                                           else "FAILED: " + "; ".join(failures)), "",
                "A row spread of 0 means every client receives the same weighted average of the client models. "
-               "pFedGAT's GAT scores e_ij = LeakyReLU(a_dst.W h_i + a_src.W h_j); the a_dst term is constant along "
-               "row i and cancels in the softmax wherever the LeakyReLU stays on one side of its kink, so the "
-               "paper's layer gives every client the same distribution over clients (static attention): it cannot "
-               "prefer a client's own group, and what it learns under IID data is which clients' models to "
-               "average, not a uniform average. FedAGHN's weights depend on the pair (i, j) through "
-               "cos(delta_i, delta_j) and show the group structure.", ""]
+               "`pfedgat-gat` is the paper's literal layer: GAT scores e_ij = LeakyReLU(a_dst.W h_i + a_src.W h_j) "
+               "on h_i = LayerNorm(theta_i). The a_dst term is the same along row i and cancels in the softmax "
+               "wherever the LeakyReLU stays on one side of its kink. This static attention gives every client the "
+               "same distribution over clients, so it cannot prefer a client's own group. `pfedgat` (the default) "
+               "scores pairs with GATv2 on centred models, LayerNorm(theta_i - mean_j theta_j), and learns the "
+               "groups from the validation feedback alone. FedAGHN's weights depend on the pair (i, j) through "
+               "cos(delta_i, delta_j).", ""]
     with report.open("a") as handle:  # the suite report is complete; the graph section goes after it
         handle.write("\n" + "\n".join(section))
     print(f"report: {report}" + (f"; failed checks: {failures}" if failures else ""))

@@ -91,6 +91,22 @@ def test_changed_config_reruns_the_cell(smoke_run: tuple[Path, list[str]], tmp_p
     assert io.read_summary(out / "runs" / "digits" / "local" / "seed0")["rounds"] == 5
 
 
+def test_run_under_other_method_defaults_is_run_again(smoke_run: tuple[Path, list[str]], tmp_path: Path) -> None:
+    """config.yaml keeps only the options that were set; the summary records all of them, so a run made
+    before a method's default changed is not taken for a finished cell of the same config."""
+    out = tmp_path / "smoke"
+    shutil.copytree(smoke_run[0], out)
+    cell = out / "runs" / "digits" / "fedaghn-released" / "seed0"
+    summary = io.read_summary(cell)
+    assert summary["method_options"]["init_p"] == 0.03 and summary["method_options"]["hypergrad_sign"] == "released"
+    summary["method_options"]["init_p"] = 0.5  # as if init_p's default had been 0.5 when this ran
+    (cell / io.SUMMARY).write_text(json.dumps(summary))
+    lines: list[str] = []
+    run_suite(SMOKE, out, datasets=["digits"], methods=["fedaghn-released"], seeds=1, in_process=True,
+              echo=lines.append)
+    assert "running" in lines[0] and io.read_summary(cell)["method_options"]["init_p"] == 0.03
+
+
 def test_failed_cell_is_reported_and_the_grid_goes_on(tmp_path: Path) -> None:
     suite = tmp_path / "suite.yaml"
     suite.write_text(yaml.safe_dump({

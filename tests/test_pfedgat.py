@@ -82,3 +82,56 @@ def test_bytes_up_count_the_feedback(make_config: ConfigFactory) -> None:
     dim = gradient.setup.spec.dim
     assert gradient.tracker.bytes_up == 12 * 2 * dim * 4
     assert loss_only.tracker.bytes_up == 12 * (dim + 2) * 4
+
+
+def _grouped_toy(make_config: ConfigFactory, *options: str) -> tuple[PFedGAT, torch.Tensor, torch.Tensor]:
+    """Twelve client models in two groups around opposite centres (plus a shared offset, as real models share
+    most of their weights); client i's validation loss is 1/2 ||theta'_i - its group's centre||^2."""
+    method: PFedGAT = _after_rounds(make_config, 1, *options).setup.method  # type: ignore[assignment]
+    generator = torch.Generator().manual_seed(0)
+    dim = method.client_weights.shape[1]
+    shared = torch.randn(dim, generator=generator)
+    centre = 0.3 * torch.randn(dim, generator=generator)
+    groups = torch.arange(12) % 2
+    centres = torch.where(groups.unsqueeze(1) == 0, centre, -centre) + shared
+    method.client_weights = centres + 0.1 * torch.randn(12, dim, generator=generator)
+    return method, groups, centres
+
+
+def _train_on_toy(method: PFedGAT, centres: torch.Tensor, steps: int) -> tuple[float, float]:
+    ids = torch.arange(12)
+
+    def loss() -> float:
+        with torch.no_grad():
+            return float(0.5 * (method.personalize(ids) - centres).pow(2).sum(1).mean())
+
+    before = loss()
+    for _ in range(steps):
+        sent = method.personalize(ids)
+        hypergradient_step(method.optimizer, sent, (sent - centres).detach() / len(ids))
+    return before, loss()
+
+
+def test_default_attention_learns_to_weigh_same_group_clients(make_config: ConfigFactory) -> None:
+    """GATv2 on centred models (the default) learns pairwise weights: same-group clients end up with most of
+    each row's weight, and the validation loss drops."""
+    method, groups, centres = _grouped_toy(make_config, "method.options={heads: 4, head_dim: 8}")
+    before, after = _train_on_toy(method, centres, 40)
+    attention = method.attention().detach()
+    same = groups.unsqueeze(0) == groups.unsqueeze(1)
+    assert attention[same].view(12, 6).sum(1).min() > 0.8  # every client: > 80 % on its own group
+    assert after < 0.5 * before
+
+
+def test_paper_gat_layer_gives_every_client_the_same_weights(make_config: ConfigFactory) -> None:
+    """The paper's layer (GAT on LayerNorm(theta_i)) has static attention: a_dst.W h_i is constant along row i
+    and cancels in the softmax, so every row of R ranks the clients alike and on the same toy no client can
+    prefer its own group."""
+    method, groups, centres = _grouped_toy(
+        make_config, "method.options={heads: 4, head_dim: 8, attention: gat, node_features: model}")
+    _train_on_toy(method, centres, 40)
+    attention = method.attention().detach()
+    same = groups.unsqueeze(0) == groups.unsqueeze(1)
+    own_group = attention[same].view(12, 6).sum(1)
+    assert own_group.max() < 0.55
+    assert (attention - attention[:1]).abs().max() < 1e-4

@@ -47,6 +47,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from graphfed.config import ConfigError, RunConfig, dump_config, load_config, read_yaml_mapping, validate_config
+from graphfed.methods import parse_options
 from graphfed.report.plots import plot_comparison
 from graphfed.report.tables import compare_rows, row_cells
 from graphfed.sim import checkpoint as io
@@ -187,9 +188,17 @@ def _completed_summary(directory: Path) -> dict[str, Any] | None:
     return summary if summary.get("status") == "completed" else None
 
 
+def _ran_with_options(summary: dict[str, Any], config: RunConfig) -> bool:
+    """Whether the run ran ``config``'s method options as they resolve now. config.yaml keeps only the options
+    that were set; the summary records all, so a run made before a default changed is not reused."""
+    resolved = parse_options(config.method.name, config.method.options).model_dump(mode="json")
+    return summary.get("method_options", resolved) == resolved  # older summaries did not record them
+
+
 def _finished_summary(directory: Path, config: RunConfig) -> dict[str, Any] | None:
     """The completed summary of this config in ``directory``, if there is one."""
-    return _completed_summary(directory) if _same_config(directory, config) else None
+    summary = _completed_summary(directory) if _same_config(directory, config) else None
+    return summary if summary is not None and _ran_with_options(summary, config) else None
 
 
 @contextmanager
@@ -237,10 +246,11 @@ def run_cells(cells: list[Cell], out: Path, in_process: bool = False, data_dir: 
             label = f"[{index}/{len(cells)}] {cell.dataset} {cell.method} seed {cell.config.seed}"
             same_config = _same_config(directory, cell.config)  # read config.yaml once per cell
             summary = _completed_summary(directory) if same_config else None
-            if summary is not None:
+            if summary is not None and _ran_with_options(summary, cell.config):
                 echo(f"{label}: done before, skipped")
             else:
-                resume = same_config and (directory / io.CHECKPOINT).is_file()
+                # a run completed under other method defaults starts over rather than resuming
+                resume = same_config and summary is None and (directory / io.CHECKPOINT).is_file()
                 echo(f"{label}: {'resuming' if resume else 'running'} ...")
                 begin = time.perf_counter()
                 try:

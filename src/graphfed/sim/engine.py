@@ -300,6 +300,8 @@ class Simulator:
         last = history[-1] if history else {}
         return {
             "method": cfg.method.name, "dataset": fed.name, "metric": fed.metric, "seed": cfg.seed,
+            # every option the method ran with, defaults included (config.yaml keeps only what was set)
+            "method_options": self.setup.method.options.model_dump(mode="json"),
             "status": status,
             "test_mean": best.get("test_mean"), "test_std": best.get("test_std"),
             "test_pooled": best.get("test_pooled"), "val_mean": best.get("val_mean"),
