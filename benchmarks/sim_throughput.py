@@ -89,7 +89,7 @@ def draw_indices(work: Workload) -> torch.Tensor:
 
 
 def run_vectorised(work: Workload) -> torch.Tensor:
-    trained, _ = train_clients(work.model, work.spec, work.start, work.data, work.training, "classification",
+    trained, _, _ = train_clients(work.model, work.spec, work.start, work.data, work.training, "classification",
                                batch_seeds(work))
     return trained
 

@@ -18,6 +18,7 @@ from graphfed.methods.fedamp import FedAMP, HFedAMP
 from graphfed.methods.pfedgraph import PFedGraph, project_to_simplex
 from graphfed.methods.pfedla import PFedLA
 from graphfed.methods.sfl import SFL
+from graphfed.sim.client import ClientRule
 from graphfed.sim.engine import Simulator
 
 FULL = "train.clients_per_round=12"
@@ -32,6 +33,11 @@ def _simulator(make_config: ConfigFactory, name: str, rounds: int, *overrides: s
     for round_index in range(rounds):
         simulator.run_round(round_index)
     return simulator
+
+
+def rule_of(make_config: ConfigFactory, name: str, *overrides: str) -> ClientRule:
+    """The client rule a run of ``name`` trains its clients with."""
+    return Simulator(make_config(name, *overrides), progress=False).setup.client_rule
 
 
 def _method(make_config: ConfigFactory, name: str, rounds: int, *overrides: str) -> PersonalizedAggregation:
@@ -133,14 +139,14 @@ def test_fedamp_weights_follow_the_attention_derivative(make_config: ConfigFacto
     expected[4] = 0.0
     expected[4] = 1.0 - expected.sum()
     torch.testing.assert_close(row, expected)
-    assert method.prox_mu == pytest.approx(0.25)
+    assert rule_of(make_config, "fedamp", "method.options={alpha_k: 2.0, sigma: 50.0, lam: 0.5}").prox_mu == 0.25
 
 
 def test_h_fedamp_keeps_its_fixed_self_weight(make_config: ConfigFactory) -> None:
     method: HFedAMP = _method(make_config, "h-fedamp", 2, "method.options={self_weight: 0.2}")
     mixing = method.mixing(torch.arange(N))
     torch.testing.assert_close(mixing.diagonal(dim1=1, dim2=2), torch.full((method.num_layers, N), 0.2))
-    assert method.prox_mu == 1.0  # lambda / alpha_k with the defaults 1 / 1
+    assert rule_of(make_config, "h-fedamp").prox_mu == 1.0  # lambda / alpha_k with the defaults 1 / 1
 
 
 # ---- CFL -----------------------------------------------------------------------------------------------

@@ -14,7 +14,14 @@ from graphfed.data.federation import ClientSplit, Task
 from graphfed.models.base import TargetModel
 from graphfed.models.cnn import SmallCNN
 from graphfed.models.mlp import MLP
-from graphfed.sim.client import LocalTraining, draw_batch_indices, evaluate_clients, train_clients
+from graphfed.sim.client import (
+    ClientRule,
+    ClientSetting,
+    LocalTraining,
+    draw_batch_indices,
+    evaluate_clients,
+    train_clients,
+)
 
 COUNTS = [3, 11, 7, 20]  # different sample counts per client; 20 rows after padding
 SEED = 1234
@@ -90,8 +97,8 @@ def direct_loss(output: torch.Tensor, target: torch.Tensor, task: Task) -> torch
     return (output - target.reshape(output.shape)).pow(2).mean()
 
 
-def reference_training(case: Case, start: torch.Tensor, training: LocalTraining,
-                       seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def reference_training(case: Case, start: torch.Tensor, training: LocalTraining, seed: int,
+                       prox_mu: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One nn.Module + torch.optim.SGD per client, the same index draw, clients updated one by one.
 
     Returns (trained weights [S, dim], first-step loss [S], last-step loss [S]).
@@ -115,9 +122,9 @@ def reference_training(case: Case, start: torch.Tensor, training: LocalTraining,
                 continue
             loss = direct_loss(module(data.x[s, index[s]]), data.y[s, index[s]], case.task)
             objective = loss
-            if training.prox_mu > 0:
+            if prox_mu > 0:
                 current = spec.flatten(dict(module.named_parameters()))
-                objective = loss + 0.5 * training.prox_mu * (current - start[s]).pow(2).sum()
+                objective = loss + 0.5 * prox_mu * (current - start[s]).pow(2).sum()
             optimizer.zero_grad()
             objective.backward()
             optimizer.step()
@@ -133,14 +140,15 @@ def client_seeds(seed: int, num_clients: int) -> list[int]:
     return [1000 * seed + client for client in range(num_clients)]
 
 
-def run_vectorised(case: Case, training: LocalTraining, seed: int = SEED,
-                   data: ClientSplit | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+def run_vectorised(case: Case, training: LocalTraining, seed: int = SEED, data: ClientSplit | None = None,
+                   prox_mu: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
     model = case.make_model()
     spec = ParamSpec.from_module(model)
     data = data if data is not None else case.data
     start = start_weights(model, spec, data.num_clients)
-    trained, metrics = train_clients(model, spec, start, data, training, case.task,
-                                     client_seeds(seed, data.num_clients))
+    rule = ClientRule(ClientSetting(spec, model.head_names, case.task, 3, training), prox_mu=prox_mu)
+    trained, metrics, _ = train_clients(model, spec, start, data, training, case.task,
+                                        client_seeds(seed, data.num_clients), rule)
     return trained, metrics, start
 
 
@@ -149,9 +157,9 @@ def run_vectorised(case: Case, training: LocalTraining, seed: int = SEED,
 def test_train_clients_matches_a_plain_per_client_loop(name: str, prox_mu: float) -> None:
     """Vectorised training == per-client SGD with the same mini-batch indices, to 1e-5 (weights and losses)."""
     case = make_case(name)
-    training = LocalTraining(steps=6, batch_size=5, lr=0.1, prox_mu=prox_mu)
-    trained, metrics, start = run_vectorised(case, training)
-    expected, first, last = reference_training(case, start, training, SEED)
+    training = LocalTraining(steps=6, batch_size=5, lr=0.1)
+    trained, metrics, start = run_vectorised(case, training, prox_mu=prox_mu)
+    expected, first, last = reference_training(case, start, training, SEED, prox_mu)
     assert not torch.allclose(trained, start)  # training moved the weights at all
     torch.testing.assert_close(trained, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(metrics["loss_first"], first, atol=1e-5, rtol=1e-5)
@@ -191,17 +199,17 @@ def test_client_trained_alone_matches_its_row_when_trained_with_others() -> None
     training = LocalTraining(steps=4, batch_size=5, lr=0.1)
     start = start_weights(model, spec, 4)
     seeds = client_seeds(SEED, 4)
-    together, _ = train_clients(model, spec, start, case.data, training, case.task, seeds)
+    together = train_clients(model, spec, start, case.data, training, case.task, seeds).trained
     client = torch.tensor([2])
-    alone, _ = train_clients(model, spec, start[client], case.data.select(client), training, case.task, [seeds[2]])
+    alone = train_clients(model, spec, start[client], case.data.select(client), training, case.task, [seeds[2]]).trained
     torch.testing.assert_close(alone[0], together[2], atol=1e-6, rtol=1e-6)
 
 
 def test_prox_term_keeps_weights_closer_to_the_start() -> None:
     """With prox_mu > 0 every client ends nearer its starting weights than with prox_mu = 0."""
     case = make_case("mlp")
-    free, _, start = run_vectorised(case, LocalTraining(steps=20, batch_size=5, lr=0.2, prox_mu=0.0))
-    pulled, _, _ = run_vectorised(case, LocalTraining(steps=20, batch_size=5, lr=0.2, prox_mu=2.0))
+    free, _, start = run_vectorised(case, LocalTraining(steps=20, batch_size=5, lr=0.2), prox_mu=0.0)
+    pulled, _, _ = run_vectorised(case, LocalTraining(steps=20, batch_size=5, lr=0.2), prox_mu=2.0)
     free_distance = (free - start).norm(dim=1)
     pulled_distance = (pulled - start).norm(dim=1)
     assert torch.all(pulled_distance < free_distance)

@@ -19,6 +19,7 @@ from graphfed.models import build_model
 from graphfed.sim import checkpoint as io
 from graphfed.sim import executor as executor_module
 from graphfed.sim.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from graphfed.sim.client import LocalResult
 from graphfed.sim.engine import InvalidUpdateError, NonFiniteUpdateError, Simulator, check_update, run_config
 
 SUMMARY_KEYS = {"method", "dataset", "metric", "test_mean", "test_std", "test_pooled", "novel_mean", "best_round",
@@ -124,13 +125,14 @@ def inject_nan(monkeypatch: pytest.MonkeyPatch, at_call: int, row: int) -> None:
     original = executor_module.train_clients
     calls = {"n": 0}
 
-    def train_clients(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        trained, metrics = original(*args, **kwargs)
+    def train_clients(*args: Any, **kwargs: Any) -> LocalResult:
+        result = original(*args, **kwargs)
+        trained = result.trained
         if calls["n"] == at_call:
             trained = trained.clone()
             trained[row] = float("nan")
         calls["n"] += 1
-        return trained, metrics
+        return result._replace(trained=trained)
 
     monkeypatch.setattr(executor_module, "train_clients", train_clients)
 
@@ -197,9 +199,9 @@ def test_engine_rejects_a_wrong_shaped_update(make_config: ConfigFactory, monkey
     nor a silent broadcast of one client's row over all sampled clients (one row only)."""
     original = executor_module.train_clients
 
-    def wrong_shape(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        trained, metrics = original(*args, **kwargs)
-        return (trained[:, :-1] if reshape == "one_value_short" else trained[:1]), metrics
+    def wrong_shape(*args: Any, **kwargs: Any) -> LocalResult:
+        result = original(*args, **kwargs)
+        return result._replace(trained=result.trained[:, :-1] if reshape == "one_value_short" else result.trained[:1])
 
     monkeypatch.setattr(executor_module, "train_clients", wrong_shape)
     simulator = Simulator(make_config("fedavg"), progress=False)

@@ -74,14 +74,19 @@ def test_state_dict_round_trip_reproduces_the_method_exactly(name: str, make_con
     original = Simulator(cfg, progress=False)
     run_rounds(original, 2)
     state = copy.deepcopy(original.setup.method.state_dict())
+    client_state = copy.deepcopy(original.executor.state_dict())
     restored = Simulator(cfg, progress=False)
     restored.setup.method.load_state_dict(state)
+    restored.executor.load_state_dict(client_state)
     ids = all_ids(original)
     assert torch.equal(restored.setup.method.personalize(ids).detach(), original.setup.method.personalize(ids).detach())
     run_rounds(original, 1, start=2)
     run_rounds(restored, 1, start=2)
     assert torch.equal(restored.setup.method.eval_weights(ids), original.setup.method.eval_weights(ids))
     assert_same_state(restored.setup.method.state_dict(), original.setup.method.state_dict())
+    assert_same_state(restored.executor.state_dict(), original.executor.state_dict())
+    scores = [sim.score_all(3)["test"].metric for sim in (original, restored)]
+    assert torch.equal(scores[0], scores[1])
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
@@ -118,9 +123,9 @@ def test_novel_adaptation_changes_the_novel_clients_weights(make_config: ConfigF
     scored: list[torch.Tensor] = []
     original_evaluate = simulator.executor.evaluate
 
-    def spy(client_ids: torch.Tensor, weights: torch.Tensor, round_index: int, finetune_steps: int = 0) -> Any:
+    def spy(client_ids: torch.Tensor, weights: torch.Tensor, round_index: int) -> Any:
         scored.append(method.eval_weights(ids))
-        return original_evaluate(client_ids, weights, round_index, finetune_steps)
+        return original_evaluate(client_ids, weights, round_index)
 
     monkeypatch.setattr(simulator.executor, "evaluate", spy)
     simulator.evaluate_novel_adapted()

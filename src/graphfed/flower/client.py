@@ -14,51 +14,65 @@ import yaml
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from graphfed.config import validate_config
+from graphfed.config import RunConfig, validate_config
 from graphfed.core.params import ParamSpec
 from graphfed.data import build_federation
 from graphfed.data.federation import Federation
 from graphfed.flower import protocol
+from graphfed.methods import build_client_rule
 from graphfed.models import build_model
 from graphfed.models.base import TargetModel
-from graphfed.sim.executor import ClientRuntime
+from graphfed.sim.engine import client_setting
+from graphfed.sim.executor import ClientRuntime, ClientStateStore
 
 client_app = ClientApp()
 
 
 @functools.lru_cache(maxsize=2)
-def _client_side(config_yaml: str) -> tuple[TargetModel, ParamSpec, Federation]:
-    """Model and data for a run, built once per process (the config text is the cache key)."""
+def _client_side(config_yaml: str) -> tuple[RunConfig, TargetModel, ParamSpec, Federation]:
+    """Config, model and data for a run, built once per process (the config text is the cache key)."""
     config = validate_config(yaml.safe_load(config_yaml))
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     federation = build_federation(config.dataset, config.seed)
     model = build_model(config.model.name, federation, config.model.options)
-    return model, ParamSpec.from_module(model), federation
+    return config, model, ParamSpec.from_module(model), federation
 
 
-def _client_id(context: Context) -> tuple[int, tuple[TargetModel, ParamSpec, Federation]]:
+def _client_id(context: Context) -> tuple[int, tuple[RunConfig, TargetModel, ParamSpec, Federation]]:
     side = _client_side(str(context.run_config[protocol.RUN_CONFIG_KEY]))
     if protocol.PARTITION_KEY not in context.node_config:
         raise ValueError("this SuperNode has no node config 'partition-id'; start it with "
                          "--node-config \"partition-id=<client id> num-partitions=<clients>\"")
     client_id = int(context.node_config[protocol.PARTITION_KEY])
-    num_clients = side[2].num_clients
+    num_clients = side[3].num_clients
     if not 0 <= client_id < num_clients:
         raise ValueError(f"partition-id {client_id} is outside the federation's clients 0..{num_clients - 1}")
     return client_id, side
 
 
 def _runtime(message: Message, context: Context) -> tuple[ClientRuntime, int, torch.Tensor, ConfigRecord]:
-    client_id, (model, spec, federation) = _client_id(context)
+    """This node's client, with the method's client rule built from the run config and the client's state
+    (what it kept from earlier rounds) restored from ``context.state``."""
+    client_id, (run_config, model, spec, federation) = _client_id(context)
     config = message.content["config"]
     if int(config["client-id"]) != client_id:
         raise ValueError(f"message for client {config['client-id']} reached client {client_id}")
     weights = protocol.record_weights(message.content["arrays"])
     if weights.shape != (spec.dim,):
         raise ValueError(f"received {tuple(weights.shape)} weights, the model has {spec.dim}")
-    runtime = ClientRuntime(model, spec, federation, protocol.training_from(config), int(config["seed"]))
+    setting = client_setting(model, spec, federation, protocol.training_from(config))
+    rule = build_client_rule(run_config.method.name, run_config.method.options, setting)
+    store = ClientStateStore(torch.tensor([client_id]))
+    if protocol.CLIENT_STATE_KEY in context.state:
+        store.load_state_dict(protocol.record_state(context.state[protocol.CLIENT_STATE_KEY]))
+    runtime = ClientRuntime(model, spec, federation, rule, int(config["seed"]), store)
     return runtime, client_id, weights, config
+
+
+def _keep_state(runtime: ClientRuntime, context: Context) -> None:
+    """Persist the client's state in the node (in deployment every message may start a new process)."""
+    context.state[protocol.CLIENT_STATE_KEY] = protocol.state_record(runtime.store.state_dict())
 
 
 def _remember(context: Context, key: str) -> None:
@@ -79,6 +93,7 @@ def train(message: Message, context: Context) -> Message:
     runtime, client_id, weights, config = _runtime(message, context)
     ids = torch.tensor([client_id])
     result = runtime.train(ids, weights.unsqueeze(0), int(config["round"]), str(config["purpose"]))
+    _keep_state(runtime, context)
     _remember(context, "rounds-trained")
     return Message(protocol.train_reply(result.delta, result.metrics, client_id), reply_to=message)
 
@@ -86,7 +101,6 @@ def train(message: Message, context: Context) -> Message:
 @client_app.evaluate()
 def evaluate(message: Message, context: Context) -> Message:
     runtime, client_id, weights, config = _runtime(message, context)
-    scores = runtime.evaluate(torch.tensor([client_id]), weights.unsqueeze(0), int(config["round"]),
-                              int(config["finetune-steps"]))
+    scores = runtime.evaluate(torch.tensor([client_id]), weights.unsqueeze(0), int(config["round"]))
     _remember(context, "evaluations")
     return Message(RecordDict({"metrics": protocol.scores_record(scores)}), reply_to=message)

@@ -9,6 +9,8 @@ Client -> server (query): ``ConfigRecord "identity"`` with the node's ``partitio
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
@@ -35,14 +37,14 @@ def train_content(weights: torch.Tensor, client_id: int, round_index: int, purpo
                   training: LocalTraining) -> RecordDict:
     config = ConfigRecord({"client-id": client_id, "round": round_index, "purpose": purpose, "seed": seed,
                            "steps": training.steps, "batch-size": training.batch_size, "lr": training.lr,
-                           "prox-mu": training.prox_mu, "feedback": training.feedback,
+                           "feedback": training.feedback,
                            "feedback-mu": training.feedback_mu})
     return RecordDict({"arrays": weights_record(weights), "config": config})
 
 
 def training_from(config: ConfigRecord) -> LocalTraining:
     return LocalTraining(int(config["steps"]), int(config["batch-size"]), float(config["lr"]),
-                         float(config["prox-mu"]), str(config.get("feedback", "none")),
+                         str(config.get("feedback", "none")),
                          float(config.get("feedback-mu", 1e-3)))
 
 
@@ -85,3 +87,19 @@ def missing_scores() -> ClientScores:
     """Placeholder for a client whose evaluation reply never came: NaN metric, no pooled weight."""
     nan, zero = torch.tensor([float("nan")]), torch.zeros(1)
     return ClientScores(nan, nan, torch.zeros(1, dtype=torch.long), zero, zero, zero)
+
+
+CLIENT_STATE_KEY = "graphfed-client-state"  # a node's client-rule state, in its context.state
+
+
+def state_record(state: dict[str, Any]) -> ArrayRecord:
+    """A :class:`~graphfed.sim.executor.ClientStateStore` state as one ArrayRecord (``trained`` + tensors)."""
+    arrays = {"trained": state["trained"].to(torch.int8)}
+    arrays.update({f"state.{name}": value for name, value in state["tensors"].items()})
+    return ArrayRecord(torch_state_dict=arrays)
+
+
+def record_state(record: ArrayRecord) -> dict[str, Any]:
+    arrays = record.to_torch_state_dict()
+    return {"trained": arrays.pop("trained").to(torch.bool),
+            "tensors": {name.removeprefix("state."): value for name, value in arrays.items()}}

@@ -150,14 +150,9 @@ class FlowerExecutor(ClientExecutor):
         stacked = torch.stack(deltas) if deltas else torch.zeros(0, self.dim)
         return TrainResult(index, client_ids[index], stacked, merged)
 
-    def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int,
-                 finetune_steps: int = 0) -> dict[str, ClientScores]:
-        contents = []
-        for row, client_id in enumerate(client_ids.tolist()):
-            content = protocol.train_content(weights[row], client_id, round_index, "evaluation", self.config.seed,
-                                             self.training)
-            content["config"]["finetune-steps"] = finetune_steps
-            contents.append(content)
+    def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int) -> dict[str, ClientScores]:
+        contents = [protocol.train_content(weights[row], client_id, round_index, "evaluation", self.config.seed,
+                                           self.training) for row, client_id in enumerate(client_ids.tolist())]
         replies = self._exchange(client_ids, contents, MessageType.EVALUATE, round_index)
         scores: dict[str, list[ClientScores]] = {"val": [], "test": []}
         for client_id in client_ids.tolist():

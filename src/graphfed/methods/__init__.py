@@ -9,20 +9,29 @@ from pydantic import ValidationError
 from graphfed.config import ConfigError
 from graphfed.methods.base import Method, MethodContext, MethodOptions
 from graphfed.methods.cfl import CFL
+from graphfed.methods.ditto import Ditto
 from graphfed.methods.fedaghn import FedAGHN
+from graphfed.methods.fedala import FedALA
 from graphfed.methods.fedamp import FedAMP, HFedAMP
 from graphfed.methods.fedavg import FedAvg, FedAvgFT
+from graphfed.methods.fedprox import FedProx, FedProxFT
+from graphfed.methods.fedrep import FedRep
+from graphfed.methods.fedrod import FedRoD
 from graphfed.methods.local import Local
 from graphfed.methods.panacea import Panacea, PanaceaGN, PanaceaMLP
+from graphfed.methods.perfedavg import PerFedAvg
 from graphfed.methods.pfedgat import PFedGAT
 from graphfed.methods.pfedgraph import PFedGraph
 from graphfed.methods.pfedhn import PFedHN
 from graphfed.methods.pfedla import PFedLA
+from graphfed.methods.pfedme import PFedMe
 from graphfed.methods.sfl import SFL
+from graphfed.sim.client import ClientRule, ClientSetting
 
 METHODS: dict[str, type[Method]] = {
     cls.name: cls for cls in (Local, FedAvg, FedAvgFT, PFedHN, Panacea, PanaceaGN, PanaceaMLP, FedAGHN, PFedGAT,
-                              SFL, FedAMP, HFedAMP, CFL, PFedGraph, PFedLA)
+                              SFL, FedAMP, HFedAMP, CFL, PFedGraph, PFedLA,
+                              FedProx, FedProxFT, Ditto, PFedMe, PerFedAvg, FedRep, FedALA, FedRoD)
 }
 
 
@@ -48,4 +57,9 @@ def build_method(name: str, context: MethodContext, options: dict[str, Any]) -> 
     return method_class(name)(context, parse_options(name, options))
 
 
-__all__ = ["METHODS", "Method", "MethodContext", "build_method", "method_class", "parse_options"]
+def build_client_rule(name: str, options: dict[str, Any], setting: ClientSetting) -> ClientRule:
+    """The client rule of method ``name`` under ``options`` (what the simulator and each Flower node run)."""
+    return method_class(name).client_rule(parse_options(name, options), setting)
+
+
+__all__ = ["METHODS", "Method", "MethodContext", "build_client_rule", "build_method", "method_class", "parse_options"]

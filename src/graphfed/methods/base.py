@@ -3,8 +3,8 @@
 A method is a server-side strategy. Engines (the simulator, the Flower ServerApp) drive it:
 
 1. ``sent = method.personalize(client_ids)`` — the weights each selected client starts from.
-2. The engine runs the clients' local training (``method.local_training`` tells how) and computes
-   ``delta = sent - trained`` for each client.
+2. The engine runs the clients' local training under the method's client rule (``Method.client_rule``:
+   per-client state, local objective, upload, evaluation weights) and computes ``delta = sent - trained``.
 3. ``method.update(client_ids, sent, delta, metrics)`` — the server learns from the deltas.
 4. ``method.eval_weights(client_ids)`` — personalised weights used for evaluation.
 
@@ -24,6 +24,7 @@ from torch import nn
 
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import Task
+from graphfed.sim.client import ClientRule, ClientSetting
 
 
 class MethodOptions(BaseModel):
@@ -54,10 +55,6 @@ class Method(ABC):
     name: ClassVar[str]
     summary: ClassVar[str]
     Options: ClassVar[type[MethodOptions]] = MethodOptions
-    #: local steps of fine-tuning applied to ``eval_weights`` before evaluation (FedAvg-FT)
-    eval_finetune_steps: int = 0
-    #: proximal coefficient for the client objective (FedProx-style methods)
-    prox_mu: float = 0.0
     #: extra report clients send about the weights they received (see ``LocalTraining.feedback``);
     #: it arrives in ``update``'s metrics as ``feedback`` (and ``feedback_seed`` per client)
     client_feedback: str = "none"
@@ -71,6 +68,12 @@ class Method(ABC):
         torch.manual_seed(context.seed)
         #: human-readable facts the engine should log once (e.g. "inferring the client graph")
         self.notes: list[str] = []
+
+    @classmethod
+    def client_rule(cls, options: MethodOptions, setting: ClientSetting) -> ClientRule:
+        """The client side of this method, built from its options alone: the simulator and every Flower node
+        build it the same way. Default: plain SGD on the local loss from the received weights."""
+        return ClientRule(setting)
 
     @abstractmethod
     def personalize(self, client_ids: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,7 @@ from pydantic import Field
 
 from graphfed.methods.aggregation import PersonalizedAggregation
 from graphfed.methods.base import MethodContext, MethodOptions
+from graphfed.sim.client import ClientRule, ClientSetting
 
 
 class FedAMPOptions(MethodOptions):
@@ -55,7 +56,10 @@ class FedAMP(PersonalizedAggregation):
     def __init__(self, context: MethodContext, options: FedAMPOptions) -> None:
         super().__init__(context, options)
         self.options: FedAMPOptions = options
-        self.prox_mu = options.lam / options.alpha_k
+
+    @classmethod
+    def client_rule(cls, options: FedAMPOptions, setting: ClientSetting) -> ClientRule:
+        return ClientRule(setting, prox_mu=options.lam / options.alpha_k)
 
     def attention(self, client_ids: torch.Tensor) -> torch.Tensor:
         """``[S, N]`` rows xi_i: xi_ij for the others, 1 - sum on the diagonal."""

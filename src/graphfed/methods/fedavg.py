@@ -10,6 +10,7 @@ import torch
 from pydantic import Field
 
 from graphfed.methods.base import Method, MethodContext, MethodOptions, weighted_mean
+from graphfed.sim.client import ClientRule, ClientSetting
 
 
 class FedAvgOptions(MethodOptions):
@@ -21,10 +22,11 @@ class FedAvg(Method):
     summary = "one global model, sample-weighted averaging of client updates"
     Options = FedAvgOptions
 
-    def __init__(self, context: MethodContext, options: FedAvgOptions) -> None:
+    def __init__(self, context: MethodContext, options: FedAvgOptions, server_lr: float | None = None) -> None:
         super().__init__(context, options)
         self.options: FedAvgOptions = options
         self.global_weights = context.init_weights.clone()
+        self.server_lr = options.server_lr if server_lr is None else server_lr
 
     def personalize(self, client_ids: torch.Tensor) -> torch.Tensor:
         return self.global_weights.unsqueeze(0).expand(len(client_ids), -1).clone()
@@ -33,7 +35,7 @@ class FedAvg(Method):
                metrics: dict[str, torch.Tensor]) -> None:
         # delta = sent - trained, so subtracting the mean delta moves towards the clients' models.
         mean_delta = weighted_mean(delta, metrics["num_examples"])
-        self.global_weights = self.global_weights - self.options.server_lr * mean_delta
+        self.global_weights = self.global_weights - self.server_lr * mean_delta
 
 
 class FedAvgFTOptions(FedAvgOptions):
@@ -42,9 +44,10 @@ class FedAvgFTOptions(FedAvgOptions):
 
 class FedAvgFT(FedAvg):
     name = "fedavg-ft"
-    summary = "FedAvg, then each client fine-tunes the global model locally before evaluation"
+    summary = "FedAvg, then each trained client fine-tunes the global model locally before evaluation"
     Options = FedAvgFTOptions
 
-    def __init__(self, context: MethodContext, options: FedAvgFTOptions) -> None:
-        super().__init__(context, options)
-        self.eval_finetune_steps = options.finetune_steps or context.local_steps
+    @classmethod
+    def client_rule(cls, options: FedAvgFTOptions, setting: ClientSetting) -> ClientRule:
+        # Clients that trained fine-tune the global model before evaluating; novel clients do not.
+        return ClientRule(setting, eval_finetune_steps=options.finetune_steps or setting.training.steps)

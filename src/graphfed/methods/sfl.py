@@ -24,6 +24,7 @@ from pydantic import Field
 from graphfed.data.graphs import knn_graph
 from graphfed.methods.aggregation import PersonalizedAggregation
 from graphfed.methods.base import MethodContext, MethodOptions
+from graphfed.sim.client import ClientRule, ClientSetting
 
 
 class SFLOptions(MethodOptions):
@@ -41,7 +42,6 @@ class SFL(PersonalizedAggregation):
     def __init__(self, context: MethodContext, options: SFLOptions) -> None:
         super().__init__(context, options)
         self.options: SFLOptions = options
-        self.prox_mu = options.prox_mu
         self.infer_graph = context.client_graph is None
         n = context.num_clients
         self.adjacency = (torch.zeros(n, n) if self.infer_graph
@@ -49,6 +49,10 @@ class SFL(PersonalizedAggregation):
         if self.infer_graph:
             self.notes.append(f"sfl: no client graph given; using the kNN graph (k={options.knn}) over cosine "
                               f"similarity of the clients' latest models")
+
+    @classmethod
+    def client_rule(cls, options: SFLOptions, setting: ClientSetting) -> ClientRule:
+        return ClientRule(setting, prox_mu=options.prox_mu)
 
     def graph(self) -> torch.Tensor:
         """``A [N, N]`` among clients that have trained (zero elsewhere), without self loops."""

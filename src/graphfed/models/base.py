@@ -17,6 +17,15 @@ class TargetModel(nn.Module):
 
     #: True when ``batched_forward`` runs clients one by one (evaluation then skips padding per client)
     clients_in_loop: bool = False
+    #: the submodule that maps features to outputs (classifier or regression head); personalisation methods
+    #: that split a model into body and head (FedRep, FedRoD, ...) read it from here, never from parameter order
+    head_module: str
+
+    @property
+    def head_names(self) -> tuple[str, ...]:
+        """Names of the head's parameter tensors (``fc2.weight``, ``fc2.bias``, ...)."""
+        head = self.get_submodule(self.head_module)
+        return tuple(f"{self.head_module}.{name}" for name, _ in head.named_parameters())
 
     def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """``params[name]``: ``[S, *shape]``; ``x``: ``[S, B, *input_shape]`` -> ``[S, B, out]``."""

@@ -20,6 +20,7 @@ class SmallCNN(TargetModel):
         flat = 2 * channels * (height // 4) * (width // 4)
         self.fc1 = nn.Linear(flat, hidden)
         self.fc2 = nn.Linear(hidden, num_classes)
+        self.head_module = "fc2"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.max_pool2d(torch.relu(self.conv1(x)), 2)

@@ -99,6 +99,7 @@ class CNNBN(TargetModel):
         self.bn2 = PaddingAwareBatchNorm2d(2 * channels)
         self.fc1 = nn.Linear(2 * channels * out_h * out_w, hidden)
         self.fc2 = nn.Linear(hidden, num_classes)
+        self.head_module = "fc2"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``[B, C, H, W]`` -> logits ``[B, num_classes]``. All-zero rows are left out of BN statistics."""

@@ -49,6 +49,7 @@ class GRUForecaster(TargetModel):
         self.input_steps, self.input_features, self.hidden = input_steps, input_features, hidden
         self.gru = nn.GRUCell(input_features, hidden)
         self.head = nn.Linear(hidden, horizon)
+        self.head_module = "head"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         params = {name: value.unsqueeze(0) for name, value in self.named_parameters()}

@@ -45,6 +45,7 @@ class LeNet(TargetModel):
         self.fc1 = nn.Linear(channels2 * out_h * out_w, hidden)
         self.fc2 = nn.Linear(hidden, hidden2)
         self.fc3 = nn.Linear(hidden2, num_classes)
+        self.head_module = "fc3"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.max_pool2d(torch.relu(self.conv1(x)), POOL)

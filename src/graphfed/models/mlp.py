@@ -17,6 +17,7 @@ class MLP(TargetModel):
             raise ValueError("MLP needs at least one layer")
         widths = [in_features] + [hidden] * (num_layers - 1) + [out_features]
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(widths))
+        self.head_module = f"layers.{len(widths) - 2}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.flatten(1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -16,20 +17,6 @@ from graphfed.core.params import ParamSpec
 from graphfed.core.rng import unit_direction as rng_direction
 from graphfed.data.federation import ClientSplit, Task
 from graphfed.models.base import TargetModel
-
-
-@dataclass(frozen=True)
-class LocalTraining:
-    """How a client trains: plain mini-batch SGD, optionally with a proximal pull to the sent weights."""
-
-    steps: int
-    batch_size: int
-    lr: float
-    prox_mu: float = 0.0
-    #: what the client reports about the sent weights besides its update (pFedGAT): "none",
-    #: "val_gradient" (dL_val/d sent) or "val_loss_pair" (L_val at sent +- feedback_mu * u, u from a seed)
-    feedback: str = "none"
-    feedback_mu: float = 1e-3
 
 
 def per_client_loss(outputs: torch.Tensor, targets: torch.Tensor, task: Task,
@@ -69,51 +56,245 @@ def draw_batch_indices(counts: torch.Tensor, steps: int, batch_size: int,
     return (uniform * counts.clamp_min(1).to(torch.float32).view(-1, 1, 1)).long()
 
 
-def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data: ClientSplit,
-                  training: LocalTraining, task: Task, batch_seeds: Sequence[int],
-                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Run ``training.steps`` SGD steps for every client (row of ``start``) simultaneously.
+@dataclass(frozen=True)
+class LocalTraining:
+    """How a client trains: the K mini-batch SGD steps every client rule runs inside the one loop."""
 
-    Mini-batches come from :func:`draw_batch_indices` with one seed per client. Returns the trained
-    weights ``[S, dim]`` and per-client metrics (``loss_first``, ``loss_last``, ``num_examples``).
-    Clients with no training rows keep their start weights.
+    steps: int
+    batch_size: int
+    lr: float
+    #: what the client reports about the sent weights besides its update (pFedGAT): "none",
+    #: "val_gradient" (dL_val/d sent) or "val_loss_pair" (L_val at sent +- feedback_mu * u, u from a seed)
+    feedback: str = "none"
+    feedback_mu: float = 1e-3
+
+
+#: Named tensors with a leading client axis, ``{name: [S, *shape]}`` (one model per client).
+Weights = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ClientSetting:
+    """What a client rule may know: where each tensor lives, which tensors are the model's head, the task."""
+
+    spec: ParamSpec
+    head: tuple[str, ...]  # names of the head (output layer) tensors, declared by the target model
+    task: Task
+    output_dim: int  # classes, or flattened target size
+    training: LocalTraining
+
+    @property
+    def body(self) -> tuple[str, ...]:
+        return tuple(name for name in self.spec.names if name not in self.head)
+
+    def numel(self, names: Sequence[str]) -> int:
+        shapes = {t.name: t.numel for t in self.spec.tensors}
+        return sum(shapes[name] for name in names)
+
+    def pack(self, weights: Weights, names: Sequence[str]) -> torch.Tensor:
+        """``[S, n]``: the tensors ``names`` of ``weights`` flattened side by side (e.g. a head kept as state)."""
+        return torch.cat([weights[name].flatten(1) for name in names], dim=1)
+
+    def unpack(self, flat: torch.Tensor, names: Sequence[str]) -> Weights:
+        """Inverse of :meth:`pack`."""
+        shapes = {t.name: t.shape for t in self.spec.tensors}
+        sizes = [self.numel([name]) for name in names]
+        return {name: part.reshape(len(flat), *shapes[name])
+                for name, part in zip(names, flat.split(sizes, dim=1), strict=True)}
+
+
+def require_grad(weights: Weights) -> Weights:
+    """Fresh autograd leaves for one step (detached from the previous step's graph)."""
+    return {name: value.detach().requires_grad_(True) for name, value in weights.items()}
+
+
+class LocalStep:
+    """One step of the one local-training loop, as a client rule sees it: this step's mini-batch(es), the
+    model's per-client loss on them, and an SGD update. Rules combine these; they never loop themselves."""
+
+    def __init__(self, model: TargetModel, task: Task, index: int, batches: list[tuple[torch.Tensor, torch.Tensor]],
+                 has_data: torch.Tensor | None, lr: float, label_counts: torch.Tensor | None) -> None:
+        self.model, self.task, self.index, self.batches = model, task, index, batches
+        self.has_data = has_data  # [S] float, None when every client has rows
+        self.lr = lr
+        #: [S, classes] training-label histogram of each client (classification), for rules that need priors
+        self.label_counts = label_counts
+
+    def outputs(self, weights: Weights, batch: int = 0) -> torch.Tensor:
+        """``[S, B, out]`` model outputs of every client's weights on its ``batch``-th mini-batch."""
+        return self.model.batched_forward(weights, self.batches[batch][0])
+
+    def loss(self, weights: Weights, batch: int = 0, outputs: torch.Tensor | None = None) -> torch.Tensor:
+        """``[S]`` mean task loss of each client on its ``batch``-th mini-batch (``outputs`` if already computed)."""
+        outputs = self.outputs(weights, batch) if outputs is None else outputs
+        return per_client_loss(outputs, self.batches[batch][1], self.task)
+
+    def gradients(self, weights: Weights, objective: torch.Tensor, names: Sequence[str] | None = None,
+                  create_graph: bool = False) -> Weights:
+        """Each client's gradient of its own ``objective [S]`` with respect to ``weights[names]`` (all by default).
+
+        Clients own disjoint slices of every leaf, so one backward pass of the sum gives every client its own
+        gradient; clients without training rows contribute nothing."""
+        names = list(weights) if names is None else list(names)
+        total = objective.sum() if self.has_data is None else (objective * self.has_data).sum()
+        grads = torch.autograd.grad(total, [weights[name] for name in names], create_graph=create_graph)
+        return dict(zip(names, grads, strict=True))
+
+    def descend(self, weights: Weights, objective: torch.Tensor, lr: float | None = None,
+                names: Sequence[str] | None = None) -> Weights:
+        """One SGD step on ``objective`` for ``weights[names]``; the other tensors are carried over unchanged."""
+        lr = self.lr if lr is None else lr
+        grads = self.gradients(weights, objective, names)
+        with torch.no_grad():
+            return {name: (value - lr * grads[name]) if name in grads else value.detach()
+                    for name, value in weights.items()}
+
+
+def squared_distance(a: Weights, b: Weights, names: Sequence[str] | None = None) -> torch.Tensor:
+    """``[S]`` ||a - b||^2 per client over ``names`` (all of ``a`` by default)."""
+    return sum((a[n] - b[n]).pow(2).flatten(1).sum(1) for n in (names or list(a)))  # type: ignore[return-value]
+
+
+class ClientRule:
+    """The client side of a method: what a client keeps between rounds, how it trains, what it uploads and
+    which weights it evaluates with. The default is mini-batch SGD on the task loss from the received weights,
+    optionally with FedProx's proximal pull ``prox_mu / 2 * ||w - w_received||^2``.
+
+    A rule plugs into the one loop of :func:`train_clients` through three hooks:
+
+    - :meth:`start`: the *tracks* (named weight sets that train, e.g. Ditto's global and personal model) from
+      the received weights and the client's state;
+    - :meth:`step`: one local step on the tracks (built from :class:`LocalStep`'s loss and SGD update);
+    - :meth:`finish`: the trained model whose ``delta = received - trained`` is uploaded, and the new state.
+
+    State is named per-client tensors (``[S, ...]``), created by :meth:`init_state` from the received weights the
+    first time a client trains. Clients that never trained have no state and evaluate with the weights they
+    receive (the "no fine-tuning" novel-client protocol); :meth:`eval_weights` and the evaluation fine-tuning
+    apply only to clients that trained.
+    """
+
+    #: mini-batches drawn per local step (Per-FedAvg uses 2 or 3)
+    batches_per_step: int = 1
+    #: whether :class:`LocalStep` should carry each client's training-label histogram (FedRoD's priors)
+    uses_label_counts: bool = False
+
+    def __init__(self, setting: ClientSetting, prox_mu: float = 0.0, eval_finetune_steps: int = 0,
+                 eval_finetune_lr: float | None = None) -> None:
+        self.setting = setting
+        self.prox_mu = prox_mu
+        #: before evaluation, trained clients take this many plain SGD steps from their evaluation weights
+        self.eval_finetune_steps = eval_finetune_steps
+        self.eval_finetune_lr = setting.training.lr if eval_finetune_lr is None else eval_finetune_lr
+
+    @property
+    def spec(self) -> ParamSpec:
+        return self.setting.spec
+
+    @property
+    def total_steps(self) -> int:
+        """Loop steps per round (K, plus any phase a rule adds, e.g. FedRep's head epochs)."""
+        return self.setting.training.steps
+
+    @property
+    def upload_dim(self) -> int:
+        """Values a client uploads per round (bytes are counted from it)."""
+        return self.spec.dim
+
+    def init_state(self, received: torch.Tensor) -> dict[str, torch.Tensor]:
+        """State of clients training for the first time, from the ``[S, dim]`` weights they received."""
+        return {}
+
+    def start(self, received: Weights, state: dict[str, torch.Tensor]) -> dict[str, Weights]:
+        return {"model": received}
+
+    def step(self, local: LocalStep, tracks: dict[str, Weights], received: Weights) -> tuple[dict[str, Weights],
+                                                                                          torch.Tensor]:
+        """One local step; returns the new tracks and each client's task loss ``[S]`` (for the metrics)."""
+        model = require_grad(tracks["model"])
+        losses = local.loss(model)
+        objective = losses
+        if self.prox_mu > 0:
+            objective = objective + 0.5 * self.prox_mu * squared_distance(model, received)
+        return {"model": local.descend(model, objective)}, losses
+
+    def finish(self, tracks: dict[str, Weights], received: Weights,
+               state: dict[str, torch.Tensor]) -> tuple[Weights, dict[str, torch.Tensor]]:
+        """The trained weights whose delta is uploaded, and the state kept until the next round."""
+        return tracks["model"], state
+
+    def eval_weights(self, received: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``[S, dim]`` weights that trained clients evaluate with (default: the received ones)."""
+        return received
+
+
+class LocalResult(NamedTuple):
+    trained: torch.Tensor  # [S, dim], what the client's delta is computed from
+    metrics: dict[str, torch.Tensor]  # each [S]
+    state: dict[str, torch.Tensor]  # the clients' new state (empty for stateless rules)
+
+
+def label_histogram(data: ClientSplit, num_classes: int) -> torch.Tensor:
+    """``[S, classes]`` count of each label among each client's real training rows."""
+    mask = data.mask()
+    labels = torch.where(mask, data.y, 0)
+    counts = torch.zeros(data.num_clients, num_classes)
+    return counts.scatter_add_(1, labels, mask.to(torch.float32))
+
+
+def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data: ClientSplit,
+                  training: LocalTraining, task: Task, batch_seeds: Sequence[int], rule: ClientRule | None = None,
+                  state: dict[str, torch.Tensor] | None = None) -> LocalResult:
+    """The one local-training loop: every client (row of ``start``) trains simultaneously under ``rule``.
+
+    Mini-batches come from :func:`draw_batch_indices` with one seed per client. Returns the trained weights
+    ``[S, dim]``, per-client metrics (``loss_first``, ``loss_last``, ``num_examples``) and the clients' new
+    state. Clients with no training rows keep their start weights.
     """
     if start.shape != (data.num_clients, spec.dim):
         raise ValueError(f"start weights must be [{data.num_clients}, {spec.dim}], got {tuple(start.shape)}")
-    batch_index = draw_batch_indices(data.counts, training.steps, training.batch_size, batch_seeds)
+    if rule is None:
+        rule = ClientRule(ClientSetting(spec, (), task, 0, training))
+    elif rule.setting.training != training or rule.setting.task != task:
+        raise ValueError("train_clients: the rule was built for other local training than it is asked to run")
+    steps, per_step = rule.total_steps, rule.batches_per_step
+    batch_index = draw_batch_indices(data.counts, steps * per_step, training.batch_size, batch_seeds)
     has_rows = data.counts > 0
-    has_data = has_rows.to(torch.float32)
     every_client_has_rows = bool(has_rows.all())
+    has_data = None if every_client_has_rows else has_rows.to(torch.float32)
+    label_counts = label_histogram(data, rule.setting.output_dim) if rule.uses_label_counts else None
     # One leaf per named tensor for the whole loop: slicing a flat row every step would add a backward
     # node per tensor per step. Flattened once at the end.
-    anchor = spec.unflatten(start.detach())
-    weights = {name: value.clone() for name, value in anchor.items()}
+    received = spec.unflatten(start.detach())
+    state = rule.init_state(start.detach()) if state is None else state
+    tracks = rule.start(received, state)
     first_loss = last_loss = torch.zeros(data.num_clients)
-    for step in range(training.steps):
-        index = batch_index[:, step]
-        x_batch, y_batch = _gather_rows(data.x, index), _gather_rows(data.y, index)
-        if not every_client_has_rows:  # never let a client without rows read its padding
-            x_batch = torch.where(has_rows.view(-1, *[1] * (x_batch.ndim - 1)), x_batch, 0.0)
-            y_batch = torch.where(has_rows.view(-1, *[1] * (y_batch.ndim - 1)), y_batch, 0).to(y_batch.dtype)
-        leaves = [value.requires_grad_(True) for value in weights.values()]
-        losses = per_client_loss(model.batched_forward(weights, x_batch), y_batch, task)
-        objective = losses
-        if training.prox_mu > 0:
-            distance = sum((weights[n] - anchor[n]).pow(2).flatten(1).sum(1) for n in weights)
-            objective = objective + 0.5 * training.prox_mu * distance
-        # Clients own disjoint slices of every leaf, so the gradient of the sum is each client's own gradient.
-        total = objective.sum() if every_client_has_rows else (objective * has_data).sum()
-        gradients = torch.autograd.grad(total, leaves)
-        with torch.no_grad():
-            weights = {name: leaf - training.lr * grad
-                       for (name, leaf), grad in zip(weights.items(), gradients, strict=True)}
+    for step in range(steps):
+        batches = []
+        for draw in range(per_step):
+            index = batch_index[:, step * per_step + draw]
+            x_batch, y_batch = _gather_rows(data.x, index), _gather_rows(data.y, index)
+            if not every_client_has_rows:  # never let a client without rows read its padding
+                x_batch = torch.where(has_rows.view(-1, *[1] * (x_batch.ndim - 1)), x_batch, 0.0)
+                y_batch = torch.where(has_rows.view(-1, *[1] * (y_batch.ndim - 1)), y_batch, 0).to(y_batch.dtype)
+            batches.append((x_batch, y_batch))
+        local = LocalStep(model, task, step, batches, has_data, training.lr, label_counts)
+        tracks, losses = rule.step(local, tracks, received)
         if step == 0:
             first_loss = losses.detach()
-        if step == training.steps - 1:
+        if step == steps - 1:
             last_loss = losses.detach()
-    metrics = {"loss_first": first_loss * has_data, "loss_last": last_loss * has_data,
+    trained, new_state = rule.finish(tracks, received, state)
+    trained_flat = spec.flatten({name: value.detach() for name, value in trained.items()}, batch_dims=1)
+    if not every_client_has_rows:  # a client without rows trained nothing and keeps what it had
+        keep = ~has_rows
+        trained_flat = torch.where(keep.unsqueeze(1), start.detach(), trained_flat)
+        new_state = {key: torch.where(keep.view(-1, *[1] * (value.ndim - 1)), state[key], value)
+                     for key, value in new_state.items()}
+    zero_if_no_data = has_rows.to(torch.float32)
+    metrics = {"loss_first": first_loss * zero_if_no_data, "loss_last": last_loss * zero_if_no_data,
                "num_examples": data.counts.to(torch.float32)}
-    return spec.flatten(weights, batch_dims=1), metrics
+    return LocalResult(trained_flat, metrics, {key: value.detach() for key, value in new_state.items()})
+
 
 
 def validation_feedback(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data: ClientSplit, task: Task,

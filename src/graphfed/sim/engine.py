@@ -28,12 +28,12 @@ from graphfed.core import rng
 from graphfed.core.params import ParamSpec
 from graphfed.data import build_federation
 from graphfed.data.federation import Federation
-from graphfed.methods import build_method
+from graphfed.methods import build_client_rule, build_method
 from graphfed.methods.base import Method, MethodContext
 from graphfed.models import build_model
 from graphfed.models.base import TargetModel
 from graphfed.sim import checkpoint as io
-from graphfed.sim.client import ClientScores, LocalTraining
+from graphfed.sim.client import ClientRule, ClientScores, ClientSetting, LocalTraining
 from graphfed.sim.executor import (
     ClientExecutor,
     ClientRuntime,
@@ -58,12 +58,19 @@ class Setup:
     model: TargetModel
     spec: ParamSpec
     method: Method
+    client_rule: ClientRule
 
 
 def local_training(config: RunConfig, method: Method) -> LocalTraining:
-    """How clients train under ``config`` for ``method`` (its objective may add a proximal term)."""
-    return LocalTraining(config.train.local_steps, config.train.batch_size, config.train.lr, method.prox_mu,
+    """How clients train under ``config`` for ``method`` (steps, batch, lr, and what feedback they report)."""
+    return LocalTraining(config.train.local_steps, config.train.batch_size, config.train.lr,
                          method.client_feedback, method.feedback_mu)
+
+
+def client_setting(model: TargetModel, spec: ParamSpec, federation: Federation,
+                   training: LocalTraining) -> ClientSetting:
+    """What a client rule may know about the model, the task and the training (same in every engine)."""
+    return ClientSetting(spec, model.head_names, federation.task, federation.output_dim, training)
 
 
 def build_setup(config: RunConfig, federation: Federation | None = None) -> Setup:
@@ -79,7 +86,9 @@ def build_setup(config: RunConfig, federation: Federation | None = None) -> Setu
         client_graph=fed.client_graph, task=fed.task, seed=rng.stream_seed(config.seed, 0, "method"),
         local_steps=config.train.local_steps, local_lr=config.train.lr)
     method = build_method(config.method.name, context, config.method.options)
-    return Setup(config, fed, model, spec, method)
+    setting = client_setting(model, spec, fed, local_training(config, method))
+    rule = build_client_rule(config.method.name, config.method.options, setting)
+    return Setup(config, fed, model, spec, method, rule)
 
 
 @dataclass
@@ -123,7 +132,7 @@ class Simulator:
         fed = self.setup.federation
         # `executor` builds where clients run (e.g. Flower nodes); default: in this process, vectorised.
         self.executor = executor(self.setup) if executor else ClientRuntime(
-            self.setup.model, self.setup.spec, fed, local_training(config, self.setup.method), config.seed)
+            self.setup.model, self.setup.spec, fed, self.setup.client_rule, config.seed)
         self.tracker = Tracker(higher_is_better=fed.metric == "accuracy")
         self.num_train_clients = len(fed.train_client_ids)
         if self.num_train_clients == 0:
@@ -150,7 +159,7 @@ class Simulator:
             return {"train_loss": float("nan"), "clients": 0}
         method.update(result.client_ids, sent[result.rows], result.delta, result.metrics)
         feedback = result.metrics.get("feedback")
-        sent_back = spec.dim + (feedback[0].numel() if feedback is not None else 0)
+        sent_back = self.setup.client_rule.upload_dim + (feedback[0].numel() if feedback is not None else 0)
         self.tracker.bytes_up += len(result.client_ids) * sent_back * BYTES_PER_VALUE
         loss = float(result.metrics["loss_last"].mean())
         if not math.isfinite(loss):
@@ -158,11 +167,9 @@ class Simulator:
         return {"train_loss": loss, "clients": len(result.client_ids)}
 
     def score_all(self, round_index: int) -> dict[str, ClientScores]:
-        """Every client's personalised model on its val and test split (fine-tuned first if the method asks)."""
-        method = self.setup.method
+        """Every client's personalised model on its val and test split (its client rule decides what that is)."""
         all_ids = torch.arange(self.setup.federation.num_clients)
-        return self.executor.evaluate(all_ids, method.eval_weights(all_ids), round_index,
-                                      method.eval_finetune_steps)
+        return self.executor.evaluate(all_ids, self.setup.method.eval_weights(all_ids), round_index)
 
     def evaluate(self, round_index: int) -> dict[str, Any]:
         fed = self.setup.federation
@@ -200,7 +207,7 @@ class Simulator:
                 check_update(result.delta, result.client_ids, self.setup.spec.dim, step)
                 if len(result.client_ids):
                     method.adapt_novel(result.client_ids, sent[result.rows], result.delta)
-            scores = self.executor.evaluate(novel_ids, method.eval_weights(novel_ids), rounds, 0)["test"]
+            scores = self.executor.evaluate(novel_ids, method.eval_weights(novel_ids), rounds)["test"]
             return _mean_std(scores.metric)
         finally:
             method.load_state_dict(saved)
@@ -216,7 +223,8 @@ class Simulator:
     # ---- checkpoints --------------------------------------------------------------------------------
     def _checkpoint_state(self, completed_rounds: int) -> dict[str, Any]:
         return {"completed_rounds": completed_rounds, "config": dump_config(self.config),
-                "method": self.setup.method.state_dict(), "tracker": vars(self.tracker).copy(),
+                "method": self.setup.method.state_dict(), "clients": self.executor.state_dict(),
+                "tracker": vars(self.tracker).copy(),
                 "torch_rng": torch.get_rng_state()}
 
     def _restore(self, state: dict[str, Any]) -> int:
@@ -224,6 +232,7 @@ class Simulator:
             raise io.CheckpointError("--resume: the checkpoint was written by a different config; "
                                      "use the run's own config.yaml or start a new --out directory")
         self.setup.method.load_state_dict(state["method"])
+        self.executor.load_state_dict(state.get("clients", {}))
         for key, value in state["tracker"].items():
             setattr(self.tracker, key, value)
         torch.set_rng_state(state["torch_rng"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -12,7 +13,7 @@ from graphfed.core import rng
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import Federation
 from graphfed.models.base import TargetModel
-from graphfed.sim.client import ClientScores, LocalTraining, evaluate_clients, train_clients, validation_feedback
+from graphfed.sim.client import ClientRule, ClientScores, evaluate_clients, train_clients, validation_feedback
 
 SPLITS = ("val", "test")
 
@@ -58,39 +59,147 @@ class ClientExecutor(ABC):
         """Train ``client_ids`` from ``start`` (``[S, dim]``); may return fewer clients than asked."""
 
     @abstractmethod
-    def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int,
-                 finetune_steps: int = 0) -> dict[str, ClientScores]:
-        """Scores of ``weights`` on each client's val and test split (after optional local fine-tuning)."""
+    def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int) -> dict[str, ClientScores]:
+        """Scores on each client's val and test split of what the client evaluates, given the ``weights`` the
+        server sends it (its client rule may replace them by its own state or fine-tune them first)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Client state the server side must checkpoint (none where clients keep it themselves)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError("this executor keeps no client state; the checkpoint holds some")
+
+
+class ClientStateStore:
+    """What clients keep between rounds under their method's client rule: which clients have trained, and
+    each one's named state tensors (Ditto's personal model, FedRep's head, ...).
+
+    The simulator keeps one store for all ``N`` clients (``[N, ...]`` tensors, saved in checkpoints); a Flower
+    node keeps a store for the one client it serves, persisted in its ``context.state``. Tensors are allocated
+    the first time a client stores state; clients that never trained have none.
+    """
+
+    def __init__(self, client_ids: torch.Tensor) -> None:
+        self.client_ids = client_ids.to(torch.long)
+        size = int(self.client_ids.max()) + 1 if len(self.client_ids) else 0
+        self._row_of = torch.full((size,), -1, dtype=torch.long)
+        self._row_of[self.client_ids] = torch.arange(len(self.client_ids))
+        self.trained = torch.zeros(len(self.client_ids), dtype=torch.bool)
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def rows(self, client_ids: torch.Tensor) -> torch.Tensor:
+        rows = self._row_of[client_ids] if len(self._row_of) else torch.full_like(client_ids, -1)
+        if (rows < 0).any():
+            raise KeyError(f"no client state kept here for client(s) {client_ids[rows < 0].tolist()}")
+        return rows
+
+    def has_trained(self, client_ids: torch.Tensor) -> torch.Tensor:
+        return self.trained[self.rows(client_ids)]
+
+    def get(self, client_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        rows = self.rows(client_ids)
+        return {name: value[rows] for name, value in self.tensors.items()}
+
+    def put(self, client_ids: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
+        rows = self.rows(client_ids)
+        for name, value in state.items():
+            if name not in self.tensors:
+                self.tensors[name] = torch.zeros(len(self.client_ids), *value.shape[1:], dtype=value.dtype)
+            self.tensors[name][rows] = value
+        self.trained[rows] = True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"trained": self.trained.clone(), "tensors": {k: v.clone() for k, v in self.tensors.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        trained = state["trained"]
+        if trained.shape != self.trained.shape:
+            raise ValueError(f"client state holds {len(trained)} clients, this run has {len(self.trained)}")
+        self.trained = trained.clone()
+        self.tensors = {name: value.clone() for name, value in state["tensors"].items()}
 
 
 class ClientRuntime(ClientExecutor):
-    """Clients in this process, all trained at once. A Flower client is the same runtime with S = 1."""
+    """Clients in this process, all trained at once. A Flower client is the same runtime with S = 1.
 
-    def __init__(self, model: TargetModel, spec: ParamSpec, federation: Federation, training: LocalTraining,
-                 seed: int) -> None:
+    ``rule`` is the method's client rule; ``store`` keeps the clients' state between rounds (default: every
+    client of the federation, in memory).
+    """
+
+    def __init__(self, model: TargetModel, spec: ParamSpec, federation: Federation, rule: ClientRule,
+                 seed: int, store: ClientStateStore | None = None) -> None:
         self.model, self.spec, self.federation = model, spec, federation
-        self.training, self.seed = training, seed
+        self.rule, self.seed = rule, seed
+        self.training = rule.setting.training
+        self.store = store if store is not None else ClientStateStore(torch.arange(federation.num_clients))
+
+    def plain_rule(self, steps: int, lr: float | None = None) -> ClientRule:
+        """Plain SGD for ``steps`` steps (evaluation fine-tuning, novel-client adaptation)."""
+        training = replace(self.training, steps=steps, lr=self.training.lr if lr is None else lr)
+        return ClientRule(replace(self.rule.setting, training=training))
 
     def train(self, client_ids: torch.Tensor, start: torch.Tensor, round_index: int, purpose: str,
               steps: int | None = None) -> TrainResult:
-        training = self.training if steps is None else replace(self.training, steps=steps)
+        # Only the round's local training follows the method's rule and changes client state; novel-client
+        # adaptation trains plain SGD on a copy of the server state and leaves no trace on the clients.
+        rule = self.rule if purpose == "local_training" else self.plain_rule(steps or self.training.steps)
         # One stream per (round, purpose, client): a client draws the same batches wherever it runs.
         seeds = rng.client_seeds(self.seed, round_index, purpose, client_ids)
-        trained, metrics = train_clients(self.model, self.spec, start, self.federation.train.select(client_ids),
-                                         training, self.federation.task, seeds)
+        state = None
+        if purpose == "local_training":
+            fresh = ~self.store.has_trained(client_ids)
+            state = self._state_for(client_ids, start, fresh)
+        trained, metrics, new_state = train_clients(self.model, self.spec, start,
+                                                    self.federation.train.select(client_ids), rule.setting.training,
+                                                    self.federation.task, seeds, rule, state)
         check_update(trained, client_ids, self.spec.dim, round_index)  # before any arithmetic broadcasts it
-        if training.feedback != "none" and purpose == "local_training":
+        if purpose == "local_training":
+            self.store.put(client_ids, new_state)
+        if self.training.feedback != "none" and purpose == "local_training":
             feedback_seeds = rng.client_seeds(self.seed, round_index, "feedback", client_ids)
             validation = self.federation.val.select(client_ids)
             metrics["feedback"] = validation_feedback(self.model, self.spec, start, validation, self.federation.task,
-                                                      training, feedback_seeds)
+                                                      self.training, feedback_seeds)
             metrics["feedback_seed"] = torch.tensor(feedback_seeds, dtype=torch.int64)
         return TrainResult(torch.arange(len(client_ids)), client_ids, start - trained, metrics)
 
-    def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int,
-                 finetune_steps: int = 0) -> dict[str, ClientScores]:
-        if finetune_steps:
-            weights = weights - self.train(client_ids, weights, round_index, "evaluation", finetune_steps).delta
+    def _state_for(self, client_ids: torch.Tensor, start: torch.Tensor,
+                   fresh: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Stored state of returning clients, :meth:`ClientRule.init_state` for first-timers."""
+        initial = self.rule.init_state(start)
+        if fresh.all() or not initial:
+            return initial
+        stored = self.store.get(client_ids)
+        return {name: torch.where(fresh.view(-1, *[1] * (value.ndim - 1)), value, stored[name])
+                for name, value in initial.items()}
+
+    def evaluation_weights(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int) -> torch.Tensor:
+        """What each client evaluates with: clients that trained apply their rule (own state, fine-tuning);
+        clients that never trained (novel clients) evaluate the weights they received, untouched."""
+        trained = self.store.has_trained(client_ids)
+        if not trained.any():
+            return weights
+        ids, rows = client_ids[trained], torch.nonzero(trained).flatten()
+        own = self.rule.eval_weights(weights[rows], self.store.get(ids))
+        if self.rule.eval_finetune_steps:
+            finetune = self.plain_rule(self.rule.eval_finetune_steps, self.rule.eval_finetune_lr)
+            seeds = rng.client_seeds(self.seed, round_index, "evaluation", ids)
+            own = train_clients(self.model, self.spec, own, self.federation.train.select(ids),
+                                finetune.setting.training, self.federation.task, seeds, finetune).trained
+        weights = weights.clone()
+        weights[rows] = own
+        return weights
+
+    def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int) -> dict[str, ClientScores]:
+        weights = self.evaluation_weights(client_ids, weights, round_index)
         return {split: evaluate_clients(self.model, self.spec, weights,
                                         getattr(self.federation, split).select(client_ids), self.federation.task)
                 for split in SPLITS}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.store.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.store.load_state_dict(state)
