@@ -120,6 +120,30 @@ def test_list_shows_methods_datasets_and_models() -> None:
         assert name in result.stdout, name
 
 
+def test_list_shows_every_method_with_its_option_defaults() -> None:
+    """Options are discoverable without provoking an error: ``list`` names each method's options with their
+    defaults, ``list --options`` adds a table per method with the meaning of each."""
+    from graphfed.methods import METHODS
+
+    result = invoke("list")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    for name in METHODS:
+        assert name in text, name
+    assert "lam=1.0" in text and "mu=0.01" in text and "variant='first_order'" in text
+    detailed = invoke("list", "--options")
+    assert "ditto: method.options" in detailed.stdout and "pull of the personal model" in detailed.stdout
+
+
+def test_describe_prints_the_algorithm_and_options_and_refuses_unknown_methods() -> None:
+    result = invoke("describe", "pfedme")
+    assert result.exit_code == 0, result.output
+    assert "Moreau" in result.stdout and "inner_steps" in result.stdout and "15.0" in result.stdout
+    unknown = invoke("describe", "dito")
+    assert unknown.exit_code == 2
+    assert error_lines(unknown) == [error_lines(unknown)[0]] and "allowed:" in error_lines(unknown)[0]
+
+
 # ---- run and resume --------------------------------------------------------------------------------------
 
 

@@ -71,11 +71,13 @@ def interrupt_at(monkeypatch: pytest.MonkeyPatch, round_index: int) -> None:
     monkeypatch.setattr(Simulator, "run_round", run_round)
 
 
+@pytest.mark.parametrize("method", ["panacea", "ditto", "fedrep", "fedala", "fedrod", "pfedme", "per-fedavg"])
 def test_resume_after_interrupt_equals_an_uninterrupted_run(make_config: ConfigFactory, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+                                                           monkeypatch: pytest.MonkeyPatch, method: str) -> None:
     """Interrupted after a checkpoint and resumed in place: the same summary and rounds.jsonl as a clean run,
-    with no round logged twice (records written after the checkpoint are dropped and recomputed)."""
-    cfg = make_config("panacea", "train.rounds=12", "train.eval_every=3", "train.checkpoint_every=5",
+    with no round logged twice (records written after the checkpoint are dropped and recomputed). Client-rule
+    methods keep per-client state (personal models, heads, ALA weights): it is in the checkpoint too."""
+    cfg = make_config(method, "train.rounds=12", "train.eval_every=3", "train.checkpoint_every=5",
                       "dataset.novel_fraction=0.25")
     clean = run_config(cfg, tmp_path / "clean", progress=False)
 

@@ -1,4 +1,4 @@
-"""Command line: ``graphfed run | compare | list``."""
+"""Command line: ``graphfed run | compare | list | describe | bench | inspect | ...``."""
 
 from __future__ import annotations
 
@@ -251,15 +251,34 @@ def inspect_command(directory: Annotated[Path | None, typer.Argument(help="a fed
     render_federation(fed, console, max_clients)
 
 
+def _option_rows(method: str) -> list[tuple[str, str, str]]:
+    """(option, default, meaning) of every option of ``method``."""
+    from graphfed.methods import method_class
+
+    rows = []
+    for name, field in method_class(method).Options.model_fields.items():
+        default = "—" if field.default is None else repr(field.default)
+        rows.append((name, default, field.description or ""))
+    return rows
+
+
 @app.command("list")
-def list_components() -> None:
-    """Methods, datasets and models graphfed knows."""
+def list_components(options: Annotated[bool, typer.Option("--options", help="also list each method's options, "
+                                                          "defaults and meaning")] = False) -> None:
+    """Methods (with their options), datasets and models graphfed knows."""
     from graphfed.data import DATASETS
     from graphfed.methods import METHODS
     from graphfed.models import MODELS
 
+    methods = Table(title="methods (graphfed describe METHOD: options in full)", show_header=False)
+    for name, cls in sorted(METHODS.items()):
+        defaults = ", ".join(f"{option}={default}" for option, default, _ in _option_rows(name))
+        methods.add_row(name, cls.summary + (f"\n[dim]options: {defaults}[/dim]" if defaults else ""))
+    console.print(methods)
+    if options:
+        for name in sorted(METHODS):
+            _print_options(name)
     for title, rows in (
-        ("methods", [(name, cls.summary) for name, cls in sorted(METHODS.items())]),
         ("datasets", [(name, f"{info.task}: {info.description}") for name, info in sorted(DATASETS.items())]),
         ("models", [(name, text) for name, (_, text) in sorted(MODELS.items())]),
     ):
@@ -267,6 +286,34 @@ def list_components() -> None:
         for name, text in rows:
             table.add_row(name, text)
         console.print(table)
+
+
+def _print_options(method: str) -> None:
+    table = Table(title=f"{method}: method.options")
+    for header in ("option", "default", "meaning"):
+        table.add_column(header)
+    for row in _option_rows(method):
+        table.add_row(*row)
+    if not table.row_count:
+        table.add_row("(none)", "", "")
+    console.print(table)
+
+
+@app.command()
+def describe(method: Annotated[str, typer.Argument(help="a method name (graphfed list)")]) -> None:
+    """One method: what it does, its algorithm, and each option with its default and meaning."""
+    import inspect
+
+    from graphfed.methods import method_class
+
+    try:
+        cls = method_class(method)
+    except ConfigError as err:
+        _fail(str(err), EXIT_CONFIG)
+        raise
+    console.print(f"[bold]{method}[/bold]: {cls.summary}\n")
+    console.print(inspect.getdoc(inspect.getmodule(cls)) or "", markup=False, highlight=False, soft_wrap=True)
+    _print_options(method)
 
 
 def main() -> None:

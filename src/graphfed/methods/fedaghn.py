@@ -27,8 +27,9 @@ from graphfed.methods.base import MethodContext, MethodOptions
 class FedAGHNOptions(MethodOptions):
     init_p: float = Field(default=0.03, ge=0, description="initial self-participation strength")
     init_q: float = Field(default=0.5, description="initial attention temperature on cosine similarity")
-    server_lr: float = Field(default=0.005, gt=0)
-    hypergrad_sign: Literal["descent", "released"] = "descent"
+    server_lr: float = Field(default=0.005, gt=0, description="SGD lr of p and q (hypergradient steps)")
+    hypergrad_sign: Literal["descent", "released"] = Field(default="descent",
+            description="descent: the sign that lowers the clients' loss; released: the released code's opposite sign")
 
 
 class FedAGHN(PersonalizedAggregation):

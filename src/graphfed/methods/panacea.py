@@ -33,18 +33,21 @@ from graphfed.nn.hypernet import MLPHypernet
 
 
 class PanaceaOptions(EmbeddingHypernetworkOptions):
-    embedding_dim: int = Field(default=100, ge=1)
-    gnn: Literal["gcn", "gat", "gin", "graphconv", "none"] = "gcn"
-    gnn_layers: int = Field(default=3, ge=1)
-    gnn_hidden: int = Field(default=100, ge=1)
-    hypernet_hidden: int = Field(default=100, ge=1)
-    hypernet_layers: int = Field(default=3, ge=1)
-    lambda_d: float = Field(default=0.01, ge=0)
+    embedding_dim: int = Field(default=100, ge=1, description="size of the learnable client embeddings h0")
+    gnn: Literal["gcn", "gat", "gin", "graphconv", "none"] = Field(default="gcn",
+            description="PyG encoder over the client graph (none: no GNN)")
+    gnn_layers: int = Field(default=3, ge=1, description="GNN layers")
+    gnn_hidden: int = Field(default=100, ge=1, description="GNN hidden and output width")
+    hypernet_hidden: int = Field(default=100, ge=1, description="hidden width of the MLP hypernetwork")
+    hypernet_layers: int = Field(default=3, ge=1, description="layers of the MLP hypernetwork")
+    lambda_d: float = Field(default=0.01, ge=0, description="weight of the graph generator's loss L_d")
     server_steps: int = Field(default=10, ge=1, description="K_s")
-    server_optimizer: Literal["sgd", "adam"] = "adam"
-    server_lr: float = Field(default=1e-3, gt=0)
+    server_optimizer: Literal["sgd", "adam"] = Field(default="adam",
+            description="optimizer of the server steps (Algorithm 1 takes plain gradient steps)")
+    server_lr: float = Field(default=1e-3, gt=0, description="lr of the server optimizer")
     knn: int = Field(default=5, ge=1, description="neighbours when the graph is inferred")
-    graph_refresh_rounds: int = Field(default=10, ge=1)
+    graph_refresh_rounds: int = Field(default=10, ge=1,
+            description="with no graph given: rebuild the kNN graph from updates every this many rounds")
 
 
 class Panacea(EmbeddingHypernetwork):

@@ -48,7 +48,7 @@ from graphfed.methods.base import MethodContext, MethodOptions
 
 
 class PFedGATOptions(MethodOptions):
-    heads: int = Field(default=8, ge=1)
+    heads: int = Field(default=8, ge=1, description="attention heads K; R is their mean")
     head_dim: int = Field(default=16, ge=1, description="d' of each attention head")
     attention: Literal["gat", "gatv2"] = Field(
         default="gatv2", description="gatv2: dynamic attention (Brody et al. 2022); gat: the paper's layer (static)")
@@ -57,7 +57,9 @@ class PFedGATOptions(MethodOptions):
         description="centred: LayerNorm(theta_i - mean_j theta_j); model: LayerNorm(theta_i), the paper")
     optimizer: Literal["sgd", "adam"] = Field(default="sgd", description="the GAT's optimizer (the paper: SGD)")
     server_lr: float = Field(default=1e-2, gt=0, description="learning rate of the GAT (the paper: 0.01)")
-    feedback: Literal["gradient", "loss_only"] = "gradient"
+    feedback: Literal["gradient", "loss_only"] = Field(default="gradient",
+            description="gradient: clients return dL_val/dtheta (model-sized); "
+                        "loss_only: two scalars, zeroth-order estimate")
     zo_mu: float = Field(default=1e-3, gt=0, description="perturbation size of the loss_only estimate")
 
 

@@ -19,11 +19,11 @@ from graphfed.nn.hypernet import MLPHypernet
 
 class PFedHNOptions(EmbeddingHypernetworkOptions):
     embedding_dim: int | None = Field(default=None, ge=1, description="default 1 + N/4 (paper)")
-    hidden: int = Field(default=100, ge=1)
-    num_layers: int = Field(default=3, ge=1)
-    server_lr: float = Field(default=1e-2, gt=0)
-    momentum: float = Field(default=0.9, ge=0, lt=1)
-    weight_decay: float = Field(default=1e-3, ge=0)
+    hidden: int = Field(default=100, ge=1, description="hidden width of the MLP hypernetwork")
+    num_layers: int = Field(default=3, ge=1, description="layers of the MLP hypernetwork")
+    server_lr: float = Field(default=1e-2, gt=0, description="SGD lr of the hypernetwork and embeddings")
+    momentum: float = Field(default=0.9, ge=0, lt=1, description="SGD momentum of the server step")
+    weight_decay: float = Field(default=1e-3, ge=0, description="SGD weight decay of the server step")
 
 
 class PFedHN(EmbeddingHypernetwork):

@@ -31,10 +31,11 @@ from graphfed.methods.base import MethodContext, MethodOptions
 
 
 class PFedLAOptions(MethodOptions):
-    embedding_dim: int = Field(default=100, ge=1)
-    hidden: int = Field(default=100, ge=1)
+    embedding_dim: int = Field(default=100, ge=1, description="size of each client's embedding")
+    hidden: int = Field(default=100, ge=1, description="hidden width of each client's hypernetwork")
     server_lr: float = Field(default=5e-3, gt=0, description="eta_hn, SGD without momentum")
-    hypergrad_sign: Literal["descent", "released"] = "descent"
+    hypergrad_sign: Literal["descent", "released"] = Field(default="descent",
+            description="descent: the sign that lowers the clients' loss; released: the released code's opposite sign")
 
 
 class ClientHypernetworks(nn.Module):
