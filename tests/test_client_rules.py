@@ -12,6 +12,7 @@ import torch
 from conftest import ConfigFactory
 from graphfed.config import load_config
 from graphfed.methods import METHODS
+from graphfed.sim.client import evaluate_clients
 from graphfed.sim.engine import Simulator, run_config
 
 #: Label skew: 10 digits clients holding 2 classes each. A single global model is poor here (FedAvg about 25 %),
@@ -19,7 +20,10 @@ from graphfed.sim.engine import Simulator, run_config
 SKEWED = ["dataset.name=digits", "dataset.num_clients=10", "dataset.partition=pathological",
           "dataset.classes_per_client=2", "train.rounds=20", "train.local_steps=10", "train.batch_size=16",
           "train.clients_per_round=5", "train.eval_every=5", "model.options={hidden: 32}", "train.lr=0.05"]
-CLIENT_RULE_METHODS = ["ditto", "pfedme", "per-fedavg", "fedrep", "fedala", "fedrod", "fedprox-ft"]
+#: methods whose clients evaluate something of their own (FedPAC personalises on the server: its clients
+#: evaluate what they receive, trained or not)
+CLIENT_RULE_METHODS = ["ditto", "pfedme", "per-fedavg", "fedrep", "fedala", "fedrod", "fedprox-ft", "knn-per",
+                       "fedah", "fedcp"]
 
 
 @cache
@@ -32,11 +36,13 @@ def skewed_accuracy(method: str, options: str = "{}") -> float:
 @pytest.mark.parametrize(("method", "options", "threshold"), [
     ("ditto", "{}", 0.85), ("pfedme", "{}", 0.85), ("fedrep", "{}", 0.9), ("fedala", "{}", 0.8),
     ("fedrod", "{}", 0.8), ("fedprox-ft", "{}", 0.75), ("per-fedavg", "{beta: 0.05}", 0.7),
+    ("knn-per", "{}", 0.9), ("fedpac", "{}", 0.85), ("fedah", "{}", 0.8), ("fedcp", "{}", 0.75),
 ])
 def test_personalised_baselines_beat_fedavg_under_label_skew(method: str, options: str, threshold: float) -> None:
     """Seeded 20-round runs: each personalised baseline clears a threshold that FedAvg (one global model) is
     far below under 2-classes-per-client skew (measured: FedAvg 0.26; Ditto 0.91, pFedMe 0.90, FedRep 0.96,
-    FedALA 0.85, FedRoD 0.86, FedProx-FT 0.83, Per-FedAvg at beta 0.05 0.78)."""
+    FedALA 0.85, FedRoD 0.86, FedProx-FT 0.83, Per-FedAvg at beta 0.05 0.78, KNN-Per 0.98, FedPAC 0.94,
+    FedAH 0.85, FedCP 0.83)."""
     fedavg = skewed_accuracy("fedavg")
     assert fedavg < 0.4
     assert skewed_accuracy(method, options) > threshold
@@ -66,14 +72,15 @@ def test_novel_clients_evaluate_exactly_what_they_receive(method: str) -> None:
     """Clients that never trained have no state and no fine-tuning: they evaluate the server's weights as
     sent (the README's no-fine-tuning novel protocol), while trained clients evaluate something of their own."""
     simulator = _trained_simulator(method)
-    fed = simulator.setup.federation
+    fed, setup = simulator.setup.federation, simulator.setup
     every = torch.arange(fed.num_clients)
-    sent = simulator.setup.method.eval_weights(every)
-    evaluated = simulator.executor.evaluation_weights(every, sent, 3)
+    sent = setup.method.eval_weights(every)
+    own = simulator.executor.evaluate(every, sent, 3)["test"].loss
+    as_sent = evaluate_clients(setup.model, setup.spec, sent, fed.test, fed.task).loss
     novel = fed.novel_client_ids
-    assert len(novel) and torch.equal(evaluated[novel], sent[novel])
+    assert len(novel) and torch.equal(own[novel], as_sent[novel])
     trained = torch.nonzero(simulator.executor.store.trained).flatten()
-    assert len(trained) and not torch.allclose(evaluated[trained], sent[trained])
+    assert len(trained) and not torch.allclose(own[trained], as_sent[trained])
 
 
 def test_fedavg_ft_scores_novel_clients_like_fedavg() -> None:
@@ -186,3 +193,84 @@ def test_every_method_has_a_client_rule_and_documented_options() -> None:
     for name, cls in METHODS.items():
         for field_name, field in cls.Options.model_fields.items():
             assert field.description, f"{name}: option {field_name} has no description"
+
+
+def test_knn_per_interpolates_the_model_with_a_neighbour_vote() -> None:
+    """lam = 0 predicts exactly with the FedAvg model; lam = 1 with the kNN vote alone, which on a client's own
+    training rows (each its own nearest neighbour) is nearly always right."""
+    simulator = _trained_simulator("knn-per", "method.options={lam: 0.0}", rounds=2)
+    rule = simulator.setup.client_rule
+    model, spec = simulator.setup.model, simulator.setup.spec
+    ids = torch.nonzero(simulator.executor.store.trained).flatten()
+    weights = spec.unflatten(simulator.setup.method.eval_weights(ids))
+    train = simulator.setup.federation.train.select(ids)
+    plain = model.batched_forward(weights, train.x)
+    mixed = rule.eval_forward(model, weights, train.x, train, {})
+    torch.testing.assert_close(mixed.softmax(-1), plain.softmax(-1), atol=1e-5, rtol=1e-5)
+    rule.lam = 1.0
+    vote = rule.eval_forward(model, weights, train.x, train, {}).argmax(-1)
+    assert (vote == train.y)[train.mask()].float().mean() > 0.95
+
+
+def test_fedpac_collaboration_weights_solve_the_qp() -> None:
+    """The classifier-collaboration QP: rows on the simplex, no better point found by random search, a client
+    with a large estimate variance leans on others, one with identical peers and tiny variance spreads evenly."""
+    from graphfed.methods.fedpac import collaboration_weights
+
+    generator = torch.Generator().manual_seed(0)
+    profiles = torch.randn(5, 3, 4, generator=generator)
+    variance = torch.tensor([5.0, 0.01, 0.01, 0.01, 0.01])
+    alpha = collaboration_weights(profiles, variance, 500)
+    torch.testing.assert_close(alpha.sum(1), torch.ones(5))
+    assert (alpha >= 0).all()
+
+    def objective(i: int, a: torch.Tensor) -> torch.Tensor:
+        diff = (profiles[i] - profiles).flatten(1)
+        return (a.pow(2) * variance).sum() + (a @ diff).pow(2).sum()
+
+    for i in range(5):
+        candidates = torch.distributions.Dirichlet(torch.ones(5)).sample((2000,))
+        best_random = min(float(objective(i, c)) for c in candidates)
+        assert float(objective(i, alpha[i])) <= best_random + 1e-5
+    same = collaboration_weights(profiles[:1].expand(4, -1, -1), torch.full((4,), 0.1), 500)
+    torch.testing.assert_close(same, torch.full((4, 4), 0.25), atol=1e-4, rtol=0)
+    similar = profiles[:1] + 0.01 * torch.randn(5, 3, 4, generator=generator)
+    noisy_first = collaboration_weights(similar, variance, 500)
+    assert noisy_first[0, 0] < 0.05 and noisy_first[1:, 0].max() < 0.05  # nobody leans on the noisy client
+
+
+def test_fedpac_aligns_features_to_broadcast_centroids_and_uploads_statistics() -> None:
+    """Clients receive the global class centroids and upload their own (one per class, counts matching their
+    labels); after a round the server holds the count-weighted mean, and personalised heads differ per client."""
+    simulator = _trained_simulator("fedpac", rounds=0)
+    method = simulator.setup.method
+    ids = simulator.sample_clients(0)
+    sent, broadcast = method.personalize(ids), method.broadcast(ids)
+    assert broadcast["centroids"].abs().sum() == 0  # nothing learned yet: no alignment in round 1
+    result = simulator.executor.train(ids, sent, 0, "local_training", broadcast=broadcast)
+    train = simulator.setup.federation.train.select(ids)
+    labels = torch.nn.functional.one_hot(torch.where(train.mask(), train.y, 0), 10) * train.mask().unsqueeze(-1)
+    torch.testing.assert_close(result.metrics["class_counts"], labels.sum(1).float())
+    method.update(ids, sent, result.delta, result.metrics)
+    counts = result.metrics["class_counts"]
+    expected = (counts.unsqueeze(-1) * result.metrics["centroids"]).sum(0) / counts.sum(0).clamp_min(1).unsqueeze(-1)
+    seen = counts.sum(0) > 0
+    torch.testing.assert_close(method.centroids[seen], expected[seen])
+    heads = method.client_heads[ids]
+    assert torch.cdist(heads, heads).fill_diagonal_(1.0).min() > 0
+
+
+def test_fedcp_policy_network_is_shared_through_the_server() -> None:
+    """The CPN goes out as a broadcast and comes back as an upload; the server's CPN is their sample-weighted
+    mean, and a trained client predicts through its own personal head and CPN."""
+    simulator = _trained_simulator("fedcp", rounds=0)
+    method = simulator.setup.method
+    before = method.policy.clone()
+    ids = simulator.sample_clients(0)
+    sent = method.personalize(ids)
+    result = simulator.executor.train(ids, sent, 0, "local_training", broadcast=method.broadcast(ids))
+    assert result.metrics["policy"].shape == (len(ids), before.numel())
+    method.update(ids, sent, result.delta, result.metrics)
+    share = result.metrics["num_examples"] / result.metrics["num_examples"].sum()
+    torch.testing.assert_close(method.policy, share @ result.metrics["policy"])
+    assert not torch.equal(method.policy, before)

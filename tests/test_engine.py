@@ -71,7 +71,8 @@ def interrupt_at(monkeypatch: pytest.MonkeyPatch, round_index: int) -> None:
     monkeypatch.setattr(Simulator, "run_round", run_round)
 
 
-@pytest.mark.parametrize("method", ["panacea", "ditto", "fedrep", "fedala", "fedrod", "pfedme", "per-fedavg"])
+@pytest.mark.parametrize("method", ["panacea", "ditto", "fedrep", "fedala", "fedrod", "pfedme", "per-fedavg", "fedcp",
+                                    "fedpac"])
 def test_resume_after_interrupt_equals_an_uninterrupted_run(make_config: ConfigFactory, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch, method: str) -> None:
     """Interrupted after a checkpoint and resumed in place: the same summary and rounds.jsonl as a clean run,

@@ -106,12 +106,12 @@ def test_nan_and_wrong_shape_replies_are_rejected_never_aggregated(monkeypatch: 
     config = flower_config("fedavg", "train.rounds=1", "dataset.novel_fraction=0", "train.clients_per_round=6")
     original = protocol.train_reply
 
-    def corrupt(delta: torch.Tensor, metrics: dict[str, torch.Tensor], client_id: int) -> Any:
+    def corrupt(delta: torch.Tensor, metrics: dict[str, torch.Tensor], client_id: int, uploads: list[str]) -> Any:
         if client_id == 2:
             delta = torch.full_like(delta, float("nan"))
         if client_id == 3:
             delta = delta[:, :-1]
-        return original(delta, metrics, client_id)
+        return original(delta, metrics, client_id, uploads)
 
     monkeypatch.setattr(protocol, "train_reply", corrupt)
     grid = grid_for(config)

@@ -92,10 +92,16 @@ def query(message: Message, context: Context) -> Message:
 def train(message: Message, context: Context) -> Message:
     runtime, client_id, weights, config = _runtime(message, context)
     ids = torch.tensor([client_id])
-    result = runtime.train(ids, weights.unsqueeze(0), int(config["round"]), str(config["purpose"]))
+    purpose = str(config["purpose"])
+    broadcast = None
+    if "broadcast" in message.content:
+        arrays = message.content["broadcast"].to_torch_state_dict()
+        broadcast = {name: value.unsqueeze(0) for name, value in arrays.items()}
+    result = runtime.train(ids, weights.unsqueeze(0), int(config["round"]), purpose, broadcast=broadcast)
     _keep_state(runtime, context)
     _remember(context, "rounds-trained")
-    return Message(protocol.train_reply(result.delta, result.metrics, client_id), reply_to=message)
+    uploads = list(runtime.rule.upload_shapes()) if purpose == "local_training" else []
+    return Message(protocol.train_reply(result.delta, result.metrics, client_id, uploads), reply_to=message)
 
 
 @client_app.evaluate()

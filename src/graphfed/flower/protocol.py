@@ -48,13 +48,35 @@ def training_from(config: ConfigRecord) -> LocalTraining:
                          float(config.get("feedback-mu", 1e-3)))
 
 
-def train_reply(delta: torch.Tensor, metrics: dict[str, torch.Tensor], client_id: int) -> RecordDict:
+def train_reply(delta: torch.Tensor, metrics: dict[str, torch.Tensor], client_id: int,
+                upload_names: list[str]) -> RecordDict:
     values = {"client-id": client_id, "num-examples": int(metrics["num_examples"][0]),
               "loss-first": float(metrics["loss_first"][0]), "loss-last": float(metrics["loss_last"][0])}
     content = RecordDict({"delta": weights_record(delta[0]), "metrics": MetricRecord(values)})
     if "feedback" in metrics:
         content["feedback"] = weights_record(metrics["feedback"][0])
+    if upload_names:
+        content["uploads"] = named_arrays({name: metrics[name][0] for name in upload_names})
     return content
+
+
+def named_arrays(arrays: dict[str, torch.Tensor]) -> ArrayRecord:
+    """One client's named arrays (a method's broadcast, a client rule's uploads) as an ArrayRecord."""
+    return ArrayRecord(torch_state_dict={name: value.detach().to(torch.float32).contiguous()
+                                         for name, value in arrays.items()})
+
+
+def record_named_arrays(record: ArrayRecord, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """The arrays of ``record``, exactly the names and shapes expected (``[1, *shape]`` each), finite."""
+    arrays = record.to_torch_state_dict()
+    if set(arrays) != set(shapes):
+        raise ValueError(f"arrays {sorted(arrays)} where {sorted(shapes)} were expected")
+    for name, value in arrays.items():
+        if tuple(value.shape) != tuple(shapes[name]):
+            raise ValueError(f"array {name!r} of shape {tuple(value.shape)}, expected {tuple(shapes[name])}")
+        if not torch.isfinite(value).all():
+            raise ValueError(f"array {name!r} holds NaN/Inf")
+    return {name: value.to(torch.float32).unsqueeze(0) for name, value in arrays.items()}
 
 
 def reply_feedback(content: RecordDict, seed: int, round_index: int, client_id: int) -> dict[str, torch.Tensor]:

@@ -34,6 +34,8 @@ class FlowerExecutor(ClientExecutor):
         self.dim = setup.spec.dim
         self.num_clients = setup.federation.num_clients
         self.training: LocalTraining = local_training(config, setup.method)
+        #: what each node must upload besides its delta (its client rule's extra arrays), checked on arrival
+        self.upload_shapes = setup.client_rule.upload_shapes()
         self.node_of_client: dict[int, int] = {}
         self.known_nodes: set[int] = set()
         #: what happened to clients, for the run's log and tests: (round, client id, reason)
@@ -116,10 +118,15 @@ class FlowerExecutor(ClientExecutor):
 
     # ---- ClientExecutor --------------------------------------------------------------------------------
     def train(self, client_ids: torch.Tensor, start: torch.Tensor, round_index: int, purpose: str,
-              steps: int | None = None) -> TrainResult:
+              steps: int | None = None, broadcast: dict[str, torch.Tensor] | None = None) -> TrainResult:
         training = self.training if steps is None else replace(self.training, steps=steps)
-        contents = [protocol.train_content(start[row], int(cid), round_index, purpose, self.config.seed, training)
-                    for row, cid in enumerate(client_ids.tolist())]
+        contents = []
+        for row, client_id in enumerate(client_ids.tolist()):
+            content = protocol.train_content(start[row], client_id, round_index, purpose, self.config.seed, training)
+            if broadcast:
+                content["broadcast"] = protocol.named_arrays({name: value[row] for name, value in broadcast.items()})
+            contents.append(content)
+        upload_shapes = self.upload_shapes if purpose == "local_training" else {}
         replies = self._exchange(client_ids, contents, MessageType.TRAIN, round_index)
         rows, deltas, metrics = [], [], []
         for row, client_id in enumerate(client_ids.tolist()):
@@ -132,6 +139,8 @@ class FlowerExecutor(ClientExecutor):
                 if training.feedback != "none" and purpose == "local_training":
                     reply_metrics.update(protocol.reply_feedback(reply.content, self.config.seed, round_index,
                                                                  client_id))
+                if upload_shapes:
+                    reply_metrics.update(protocol.record_named_arrays(reply.content["uploads"], upload_shapes))
             except (KeyError, ValueError, TypeError) as err:
                 self._drop(round_index, client_id, f"malformed reply ({err})")
                 continue

@@ -11,12 +11,16 @@ from graphfed.methods.base import Method, MethodContext, MethodOptions
 from graphfed.methods.cfl import CFL
 from graphfed.methods.ditto import Ditto
 from graphfed.methods.fedaghn import FedAGHN
+from graphfed.methods.fedah import FedAH
 from graphfed.methods.fedala import FedALA
 from graphfed.methods.fedamp import FedAMP, HFedAMP
 from graphfed.methods.fedavg import FedAvg, FedAvgFT
+from graphfed.methods.fedcp import FedCP
+from graphfed.methods.fedpac import FedPAC
 from graphfed.methods.fedprox import FedProx, FedProxFT
 from graphfed.methods.fedrep import FedRep
 from graphfed.methods.fedrod import FedRoD
+from graphfed.methods.knnper import KNNPer
 from graphfed.methods.local import Local
 from graphfed.methods.panacea import Panacea, PanaceaGN, PanaceaMLP
 from graphfed.methods.perfedavg import PerFedAvg
@@ -31,7 +35,8 @@ from graphfed.sim.client import ClientRule, ClientSetting
 METHODS: dict[str, type[Method]] = {
     cls.name: cls for cls in (Local, FedAvg, FedAvgFT, PFedHN, Panacea, PanaceaGN, PanaceaMLP, FedAGHN, PFedGAT,
                               SFL, FedAMP, HFedAMP, CFL, PFedGraph, PFedLA,
-                              FedProx, FedProxFT, Ditto, PFedMe, PerFedAvg, FedRep, FedALA, FedRoD)
+                              FedProx, FedProxFT, Ditto, PFedMe, PerFedAvg, FedRep, FedALA, FedRoD, KNNPer, FedCP,
+                              FedPAC, FedAH)
 }
 
 

@@ -47,6 +47,11 @@ class MethodContext:
     seed: int
     local_steps: int
     local_lr: float
+    head: tuple[str, ...] = ()  # the target model's head tensors (``TargetModel.head_names``)
+
+    def head_index(self) -> torch.Tensor:
+        """Flat coordinates of the head tensors, in spec order."""
+        return torch.cat([torch.arange(t.offset, t.offset + t.numel) for t in self.spec.tensors if t.name in self.head])
 
 
 class Method(ABC):
@@ -83,6 +88,11 @@ class Method(ABC):
     def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
                metrics: dict[str, torch.Tensor]) -> None:
         """Learn from ``delta = sent - trained`` (``[S, dim]``) and per-client ``metrics`` (``[S]`` each)."""
+
+    def broadcast(self, client_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Arrays each selected client receives besides its weights (``[S, ...]`` each; FedPAC's global class
+        centroids, FedCP's policy network). Their client rule reads them; bytes down count them."""
+        return {}
 
     @torch.no_grad()
     def eval_weights(self, client_ids: torch.Tensor) -> torch.Tensor:

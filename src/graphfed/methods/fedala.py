@@ -34,12 +34,11 @@ class FedALAOptions(FedAvgOptions):
 
 
 class FedALARule(ClientRule):
-    def __init__(self, setting: ClientSetting, options: FedALAOptions) -> None:
+    def __init__(self, setting: ClientSetting, top: tuple[str, ...], rand_percent: float, eta: float) -> None:
         super().__init__(setting)
-        names = setting.spec.names
-        self.top = tuple(names[-min(options.layer_index, len(names)):])
-        self.eta = options.eta
-        self.ala_steps = math.ceil(options.rand_percent / 100 * setting.training.steps)
+        self.top = top  # the tensors ALA blends; the others take the global model's
+        self.eta = eta
+        self.ala_steps = math.ceil(rand_percent / 100 * setting.training.steps)
 
     @property
     def total_steps(self) -> int:
@@ -87,4 +86,6 @@ class FedALA(FedAvg):
 
     @classmethod
     def client_rule(cls, options: FedALAOptions, setting: ClientSetting) -> ClientRule:
-        return FedALARule(setting, options)
+        names = setting.spec.names
+        return FedALARule(setting, tuple(names[-min(options.layer_index, len(names)):]), options.rand_percent,
+                          options.eta)

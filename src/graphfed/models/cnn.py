@@ -22,12 +22,13 @@ class SmallCNN(TargetModel):
         self.fc2 = nn.Linear(hidden, num_classes)
         self.head_module = "fc2"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def features(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
         h = torch.max_pool2d(torch.relu(self.conv2(h)), 2)
-        return self.fc2(torch.relu(self.fc1(h.flatten(1))))
+        return torch.relu(self.fc1(h.flatten(1)))
 
     clients_in_loop = True
 
-    def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        return self.client_loop_forward(params, x)  # faster than vmap for convolutions on CPU
+    def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor,
+                        features_only: bool = False) -> torch.Tensor:
+        return self.client_loop_forward(params, x, features_only)  # faster than vmap for convolutions on CPU

@@ -101,24 +101,27 @@ class CNNBN(TargetModel):
         self.fc2 = nn.Linear(hidden, num_classes)
         self.head_module = "fc2"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x``: ``[B, C, H, W]`` -> logits ``[B, num_classes]``. All-zero rows are left out of BN statistics."""
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: ``[B, C, H, W]`` -> ``[B, hidden]`` (the head's input). All-zero rows are left out of BN
+        statistics."""
         valid = x.flatten(1).ne(0).any(dim=1)
         h = torch.max_pool2d(torch.relu(self.bn1(self.conv1(x), valid)), 2)
         h = torch.max_pool2d(torch.relu(self.bn2(self.conv2(h), valid)), 2)
-        return self.fc2(torch.relu(self.fc1(h.flatten(1))))
+        return torch.relu(self.fc1(h.flatten(1)))
 
     clients_in_loop = True
 
-    def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor,
+                        features_only: bool = False) -> torch.Tensor:
         """``params[name]``: ``[S, *shape]``; ``x``: ``[S, B, C, H, W]`` -> ``[S, B, num_classes]``.
 
         A loop over clients of ``functional_call`` (see the module docstring for why not ``vmap``). Without
         autograd, each client's activations are freed before the next client runs.
         """
-        return self.client_loop_forward(params, x)
+        return self.client_loop_forward(params, x, features_only)
 
-    def vmap_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    def vmap_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor,
+                     features_only: bool = False) -> torch.Tensor:
         """The generic ``vmap``-over-``functional_call`` path of :class:`TargetModel`: same outputs as
         :meth:`batched_forward` (to float32 rounding), kept as a reference and for benchmarks."""
-        return TargetModel.batched_forward(self, params, x)
+        return TargetModel.batched_forward(self, params, x, features_only)

@@ -51,11 +51,12 @@ class GRUForecaster(TargetModel):
         self.head = nn.Linear(hidden, horizon)
         self.head_module = "head"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, features_only: bool = False) -> torch.Tensor:
         params = {name: value.unsqueeze(0) for name, value in self.named_parameters()}
-        return self.batched_forward(params, x.unsqueeze(0)).squeeze(0)
+        return self.batched_forward(params, x.unsqueeze(0), features_only).squeeze(0)
 
-    def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor,
+                        features_only: bool = False) -> torch.Tensor:
         num_clients, batch = x.shape[:2]
         seq = x.reshape(num_clients, batch * self.input_steps, self.input_features)
         # Input projections of all steps in one matmul: [S, B*T, F] @ [S, F, 3H] -> [S, B, T, 3H].
@@ -64,4 +65,4 @@ class GRUForecaster(TargetModel):
         h = x.new_zeros(num_clients, batch, self.hidden)
         for t in range(self.input_steps):
             h = gru_step(gates_x[:, :, t], h, params["gru.weight_hh"], params["gru.bias_hh"])
-        return torch.baddbmm(params["head.bias"].unsqueeze(1), h, params["head.weight"].transpose(1, 2))
+        return h if features_only else self.batched_head(params, h)

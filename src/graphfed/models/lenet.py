@@ -47,13 +47,15 @@ class LeNet(TargetModel):
         self.fc3 = nn.Linear(hidden2, num_classes)
         self.head_module = "fc3"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def features(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.max_pool2d(torch.relu(self.conv1(x)), POOL)
         h = torch.max_pool2d(torch.relu(self.conv2(h)), POOL)
         h = torch.relu(self.fc1(h.flatten(1)))
-        return self.fc3(torch.relu(self.fc2(h)))
+        return torch.relu(self.fc2(h))
 
     clients_in_loop = True
 
-    def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        return self.client_loop_forward(params, x)  # faster than vmap for convolutions on CPU (see base.py)
+    def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor,
+                        features_only: bool = False) -> torch.Tensor:
+        # faster than vmap for convolutions on CPU (see base.py)
+        return self.client_loop_forward(params, x, features_only)

@@ -19,20 +19,17 @@ class MLP(TargetModel):
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(widths))
         self.head_module = f"layers.{len(widths) - 2}"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def features(self, x: torch.Tensor) -> torch.Tensor:
         h = x.flatten(1)
-        for i, layer in enumerate(self.layers):
-            h = layer(h)
-            if i < len(self.layers) - 1:
-                h = torch.relu(h)
+        for layer in self.layers[:-1]:
+            h = torch.relu(layer(h))
         return h
 
-    def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor,
+                        features_only: bool = False) -> torch.Tensor:
         h = x.flatten(2)
-        for i in range(len(self.layers)):
+        for i in range(len(self.layers) - 1):
             weight, bias = params[f"layers.{i}.weight"], params[f"layers.{i}.bias"]
             # h: [S, B, in] @ weight^T: [S, in, out] + bias: [S, 1, out]
-            h = torch.baddbmm(bias.unsqueeze(1), h, weight.transpose(1, 2))
-            if i < len(self.layers) - 1:
-                h = torch.relu(h)
-        return h
+            h = torch.relu(torch.baddbmm(bias.unsqueeze(1), h, weight.transpose(1, 2)))
+        return h if features_only else self.batched_head(params, h)

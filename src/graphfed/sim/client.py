@@ -6,7 +6,7 @@ clients' padded splits. The Flower client runs exactly these functions with S = 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -113,16 +113,25 @@ class LocalStep:
     model's per-client loss on them, and an SGD update. Rules combine these; they never loop themselves."""
 
     def __init__(self, model: TargetModel, task: Task, index: int, batches: list[tuple[torch.Tensor, torch.Tensor]],
-                 has_data: torch.Tensor | None, lr: float, label_counts: torch.Tensor | None) -> None:
+                 has_data: torch.Tensor | None, lr: float, label_counts: torch.Tensor | None, data: ClientSplit,
+                 broadcast: dict[str, torch.Tensor]) -> None:
         self.model, self.task, self.index, self.batches = model, task, index, batches
         self.has_data = has_data  # [S] float, None when every client has rows
         self.lr = lr
         #: [S, classes] training-label histogram of each client (classification), for rules that need priors
         self.label_counts = label_counts
+        #: the clients' whole training split (for what a rule computes over all its rows, e.g. class centroids)
+        self.data = data
+        #: arrays the server sent each client besides its weights (``Method.broadcast``), each ``[S, ...]``
+        self.broadcast = broadcast
 
     def outputs(self, weights: Weights, batch: int = 0) -> torch.Tensor:
         """``[S, B, out]`` model outputs of every client's weights on its ``batch``-th mini-batch."""
         return self.model.batched_forward(weights, self.batches[batch][0])
+
+    def features(self, weights: Weights, batch: int = 0) -> torch.Tensor:
+        """``[S, B, F]`` what the head reads (the body's output) on the ``batch``-th mini-batch."""
+        return self.model.batched_forward(weights, self.batches[batch][0], features_only=True)
 
     def loss(self, weights: Weights, batch: int = 0, outputs: torch.Tensor | None = None) -> torch.Tensor:
         """``[S]`` mean task loss of each client on its ``batch``-th mini-batch (``outputs`` if already computed)."""
@@ -226,10 +235,26 @@ class ClientRule:
         """``[S, dim]`` weights that trained clients evaluate with (default: the received ones)."""
         return received
 
+    def upload_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Per-client shape of each array a client uploads besides its delta (checked on arrival)."""
+        return {}
+
+    def uploads(self, tracks: dict[str, Weights], local: LocalStep) -> dict[str, torch.Tensor]:
+        """Arrays (``[S, *shape]``, see :meth:`upload_shapes`) uploaded with the delta; they reach
+        ``Method.update`` in its ``metrics``."""
+        return {}
+
+    def eval_forward(self, model: TargetModel, weights: Weights, x: torch.Tensor, train: ClientSplit,
+                     state: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """Outputs ``[S, B, out]`` a trained client predicts with, when that is more than its model's forward
+        (KNN-Per mixes in a nearest-neighbour vote over its own training rows, FedCP routes features through
+        two heads); ``None``: the model's forward."""
+        return None
+
 
 class LocalResult(NamedTuple):
     trained: torch.Tensor  # [S, dim], what the client's delta is computed from
-    metrics: dict[str, torch.Tensor]  # each [S]
+    metrics: dict[str, torch.Tensor]  # each [S]; the rule's uploads too, each [S, *shape]
     state: dict[str, torch.Tensor]  # the clients' new state (empty for stateless rules)
 
 
@@ -243,7 +268,8 @@ def label_histogram(data: ClientSplit, num_classes: int) -> torch.Tensor:
 
 def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data: ClientSplit,
                   training: LocalTraining, task: Task, batch_seeds: Sequence[int], rule: ClientRule | None = None,
-                  state: dict[str, torch.Tensor] | None = None) -> LocalResult:
+                  state: dict[str, torch.Tensor] | None = None,
+                  broadcast: dict[str, torch.Tensor] | None = None) -> LocalResult:
     """The one local-training loop: every client (row of ``start``) trains simultaneously under ``rule``.
 
     Mini-batches come from :func:`draw_batch_indices` with one seed per client. Returns the trained weights
@@ -268,6 +294,7 @@ def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data
     state = rule.init_state(start.detach()) if state is None else state
     tracks = rule.start(received, state)
     first_loss = last_loss = torch.zeros(data.num_clients)
+    local = LocalStep(model, task, 0, [], has_data, training.lr, label_counts, data, broadcast or {})
     for step in range(steps):
         batches = []
         for draw in range(per_step):
@@ -277,12 +304,13 @@ def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data
                 x_batch = torch.where(has_rows.view(-1, *[1] * (x_batch.ndim - 1)), x_batch, 0.0)
                 y_batch = torch.where(has_rows.view(-1, *[1] * (y_batch.ndim - 1)), y_batch, 0).to(y_batch.dtype)
             batches.append((x_batch, y_batch))
-        local = LocalStep(model, task, step, batches, has_data, training.lr, label_counts)
+        local = LocalStep(model, task, step, batches, has_data, training.lr, label_counts, data, broadcast or {})
         tracks, losses = rule.step(local, tracks, received)
         if step == 0:
             first_loss = losses.detach()
         if step == steps - 1:
             last_loss = losses.detach()
+    uploads = rule.uploads(tracks, local)
     trained, new_state = rule.finish(tracks, received, state)
     trained_flat = spec.flatten({name: value.detach() for name, value in trained.items()}, batch_dims=1)
     if not every_client_has_rows:  # a client without rows trained nothing and keeps what it had
@@ -292,7 +320,7 @@ def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data
                      for key, value in new_state.items()}
     zero_if_no_data = has_rows.to(torch.float32)
     metrics = {"loss_first": first_loss * zero_if_no_data, "loss_last": last_loss * zero_if_no_data,
-               "num_examples": data.counts.to(torch.float32)}
+               "num_examples": data.counts.to(torch.float32), **{k: v.detach() for k, v in uploads.items()}}
     return LocalResult(trained_flat, metrics, {key: value.detach() for key, value in new_state.items()})
 
 
@@ -363,8 +391,11 @@ class ClientScores:
 
 @torch.no_grad()
 def evaluate_clients(model: TargetModel, spec: ParamSpec, weights: torch.Tensor, data: ClientSplit,
-                     task: Task, max_elements: int = 20_000_000) -> ClientScores:
-    """Each client's metric with its own weights on its own rows (padding rows masked out).
+                     task: Task, max_elements: int = 20_000_000,
+                     forward: Callable[[Weights, torch.Tensor, slice], torch.Tensor | None] | None = None,
+                     ) -> ClientScores:
+    """Each client's metric with its own weights on its own rows (padding rows masked out). ``forward``, if
+    given, may replace the model's outputs for a chunk of clients (``slice`` of rows of ``weights``).
 
     Clients go in chunks (one at a time for models that loop over clients anyway), each chunk cut to its
     largest client, so little compute is spent on padding when client sizes differ a lot (Dirichlet splits).
@@ -377,7 +408,10 @@ def evaluate_clients(model: TargetModel, spec: ParamSpec, weights: torch.Tensor,
         width = max(1, int(data.counts[lo:hi].max()))
         part = ClientSplit(data.x[lo:hi, :width], data.y[lo:hi, :width], data.counts[lo:hi])
         mask = part.mask()
-        outputs = model.batched_forward(spec.unflatten(weights[lo:hi]), part.x)
+        chunk_weights = spec.unflatten(weights[lo:hi])
+        outputs = forward(chunk_weights, part.x, slice(lo, hi)) if forward is not None else None
+        if outputs is None:
+            outputs = model.batched_forward(chunk_weights, part.x)
         rows = part.counts.to(torch.float32)
         if task == "classification":
             metric_sum = ((outputs.argmax(-1) == part.y) & mask).to(torch.float32).sum(1)

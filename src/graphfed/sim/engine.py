@@ -84,7 +84,7 @@ def build_setup(config: RunConfig, federation: Federation | None = None) -> Setu
         spec=spec, init_weights=spec.flatten_module(model), num_clients=fed.num_clients,
         train_client_ids=fed.train_client_ids, novel_client_ids=fed.novel_client_ids,
         client_graph=fed.client_graph, task=fed.task, seed=rng.stream_seed(config.seed, 0, "method"),
-        local_steps=config.train.local_steps, local_lr=config.train.lr)
+        local_steps=config.train.local_steps, local_lr=config.train.lr, head=model.head_names)
     method = build_method(config.method.name, context, config.method.options)
     setting = client_setting(model, spec, fed, local_training(config, method))
     rule = build_client_rule(config.method.name, config.method.options, setting)
@@ -149,17 +149,20 @@ class Simulator:
         method, spec = self.setup.method, self.setup.spec
         client_ids = self.sample_clients(round_index)
         sent = method.personalize(client_ids).detach()
-        if not torch.isfinite(sent).all():
+        broadcast = {name: value.detach() for name, value in method.broadcast(client_ids).items()}
+        if not torch.isfinite(sent).all() or not all(torch.isfinite(v).all() for v in broadcast.values()):
             raise NonFiniteUpdateError(f"round {round_index + 1}: the server produced non-finite weights")
-        self.tracker.bytes_down += len(client_ids) * spec.dim * BYTES_PER_VALUE
-        result = self.executor.train(client_ids, sent, round_index, "local_training")
+        extra_down = sum(value.numel() for value in broadcast.values())
+        self.tracker.bytes_down += (len(client_ids) * spec.dim + extra_down) * BYTES_PER_VALUE
+        result = self.executor.train(client_ids, sent, round_index, "local_training", broadcast=broadcast)
         check_update(result.delta, result.client_ids, spec.dim, round_index)
         if len(result.client_ids) == 0:
             log.warning("round %d: no client update arrived; the server model is unchanged", round_index + 1)
             return {"train_loss": float("nan"), "clients": 0}
         method.update(result.client_ids, sent[result.rows], result.delta, result.metrics)
-        feedback = result.metrics.get("feedback")
-        sent_back = self.setup.client_rule.upload_dim + (feedback[0].numel() if feedback is not None else 0)
+        rule = self.setup.client_rule
+        extras = [*rule.upload_shapes(), *(["feedback"] if "feedback" in result.metrics else [])]
+        sent_back = rule.upload_dim + sum(result.metrics[name][0].numel() for name in extras)
         self.tracker.bytes_up += len(result.client_ids) * sent_back * BYTES_PER_VALUE
         loss = float(result.metrics["loss_last"].mean())
         if not math.isfinite(loss):

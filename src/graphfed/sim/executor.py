@@ -4,6 +4,7 @@ are rows of a tensor in this process (``ClientRuntime``) or Flower nodes on othe
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -13,7 +14,14 @@ from graphfed.core import rng
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import Federation
 from graphfed.models.base import TargetModel
-from graphfed.sim.client import ClientRule, ClientScores, evaluate_clients, train_clients, validation_feedback
+from graphfed.sim.client import (
+    ClientRule,
+    ClientScores,
+    Weights,
+    evaluate_clients,
+    train_clients,
+    validation_feedback,
+)
 
 SPLITS = ("val", "test")
 
@@ -55,8 +63,9 @@ class ClientExecutor(ABC):
 
     @abstractmethod
     def train(self, client_ids: torch.Tensor, start: torch.Tensor, round_index: int, purpose: str,
-              steps: int | None = None) -> TrainResult:
-        """Train ``client_ids`` from ``start`` (``[S, dim]``); may return fewer clients than asked."""
+              steps: int | None = None, broadcast: dict[str, torch.Tensor] | None = None) -> TrainResult:
+        """Train ``client_ids`` from ``start`` (``[S, dim]``), each also receiving its rows of ``broadcast``;
+        may return fewer clients than asked."""
 
     @abstractmethod
     def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int) -> dict[str, ClientScores]:
@@ -141,7 +150,7 @@ class ClientRuntime(ClientExecutor):
         return ClientRule(replace(self.rule.setting, training=training))
 
     def train(self, client_ids: torch.Tensor, start: torch.Tensor, round_index: int, purpose: str,
-              steps: int | None = None) -> TrainResult:
+              steps: int | None = None, broadcast: dict[str, torch.Tensor] | None = None) -> TrainResult:
         # Only the round's local training follows the method's rule and changes client state; novel-client
         # adaptation trains plain SGD on a copy of the server state and leaves no trace on the clients.
         rule = self.rule if purpose == "local_training" else self.plain_rule(steps or self.training.steps)
@@ -153,7 +162,7 @@ class ClientRuntime(ClientExecutor):
             state = self._state_for(client_ids, start, fresh)
         trained, metrics, new_state = train_clients(self.model, self.spec, start,
                                                     self.federation.train.select(client_ids), rule.setting.training,
-                                                    self.federation.task, seeds, rule, state)
+                                                    self.federation.task, seeds, rule, state, broadcast)
         check_update(trained, client_ids, self.spec.dim, round_index)  # before any arithmetic broadcasts it
         if purpose == "local_training":
             self.store.put(client_ids, new_state)
@@ -194,9 +203,31 @@ class ClientRuntime(ClientExecutor):
 
     def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int) -> dict[str, ClientScores]:
         weights = self.evaluation_weights(client_ids, weights, round_index)
+        forward = None
+        if type(self.rule).eval_forward is not ClientRule.eval_forward:
+            forward = self._rule_forward(client_ids)
         return {split: evaluate_clients(self.model, self.spec, weights,
-                                        getattr(self.federation, split).select(client_ids), self.federation.task)
+                                        getattr(self.federation, split).select(client_ids), self.federation.task,
+                                        forward=forward)
                 for split in SPLITS}
+
+    def _rule_forward(self, client_ids: torch.Tensor) -> Callable[[Weights, torch.Tensor, slice], torch.Tensor]:
+        """Predictions of the rule's ``eval_forward`` for clients that trained, the model's for the others."""
+        trained = self.store.has_trained(client_ids)
+        train = self.federation.train.select(client_ids)
+
+        def forward(weights: Weights, x: torch.Tensor, rows: slice) -> torch.Tensor:
+            plain = self.model.batched_forward(weights, x)
+            if not trained[rows].any():
+                return plain
+            chunk = torch.arange(rows.start, rows.stop)
+            state = {name: value[chunk] for name, value in self.store.get(client_ids).items()}
+            own = self.rule.eval_forward(self.model, weights, x, train.select(chunk), state)
+            if own is None:
+                return plain
+            return torch.where(trained[rows].view(-1, *[1] * (plain.ndim - 1)), own, plain)
+
+        return forward
 
     def state_dict(self) -> dict[str, Any]:
         return self.store.state_dict()
