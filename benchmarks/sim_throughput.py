@@ -7,6 +7,10 @@ mini-batch indices:
 * vectorised: one call of :func:`graphfed.sim.client.train_clients` for all clients at once;
 * loop: for each client its own ``nn.Module`` and ``torch.optim.SGD``, ``zero_grad / backward / step``.
 
+The same comparison is made for one client-rule method, Ditto (lambda = 1): each client trains the global
+model and its personal model (pulled towards the received weights) on the same mini-batches; the loop side
+keeps two modules and two optimizers per client.
+
 The loop gets its mini-batch indices precomputed outside the timed region (the same per-client draws
 ``train_clients`` makes, via ``draw_batch_indices``), which favours the loop: the vectorised side's time
 includes its draw. Each side runs
@@ -36,8 +40,9 @@ from graphfed.config import DatasetConfig
 from graphfed.core.params import ParamSpec
 from graphfed.data import build_federation
 from graphfed.data.federation import ClientSplit
+from graphfed.methods.ditto import DittoRule
 from graphfed.models.mlp import MLP
-from graphfed.sim.client import LocalTraining, draw_batch_indices, train_clients
+from graphfed.sim.client import ClientSetting, LocalTraining, draw_batch_indices, train_clients
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BATCH_SIZE = 64
@@ -92,6 +97,44 @@ def run_vectorised(work: Workload) -> torch.Tensor:
     trained, _, _ = train_clients(work.model, work.spec, work.start, work.data, work.training, "classification",
                                batch_seeds(work))
     return trained
+
+
+DITTO_LAMBDA = 1.0
+
+
+def ditto_rule(work: Workload) -> DittoRule:
+    setting = ClientSetting(work.spec, work.model.head_names, "classification", 2, work.training)
+    return DittoRule(setting, DITTO_LAMBDA, None)
+
+
+def run_ditto_vectorised(work: Workload) -> torch.Tensor:
+    """Both of Ditto's models, every client at once; returns [global | personal] weights per client."""
+    rule = ditto_rule(work)
+    trained, _, state = train_clients(work.model, work.spec, work.start, work.data, work.training, "classification",
+                                      batch_seeds(work), rule, rule.init_state(work.start))
+    return torch.cat([trained, state["personal"]], dim=1)
+
+
+def run_ditto_loop(work: Workload, modules: list[tuple[nn.Module, torch.optim.Optimizer]],
+                   indices: torch.Tensor) -> torch.Tensor:
+    """Ditto by hand: per client a global and a personal module, each with its own optimizer."""
+    personal_modules = make_client_modules(work)
+    for client, ((module, optimizer), (personal, personal_optimizer)) in enumerate(
+            zip(modules, personal_modules, strict=True)):
+        x, y = work.data.x[client], work.data.y[client]
+        anchor = work.start[client]
+        for step in range(work.training.steps):
+            batch = indices[step, client]
+            optimizer.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(module(x[batch]), y[batch]).backward()
+            optimizer.step()
+            personal_optimizer.zero_grad(set_to_none=True)
+            pull = (nn.utils.parameters_to_vector(personal.parameters()) - anchor).pow(2).sum()
+            (nn.functional.cross_entropy(personal(x[batch]), y[batch]) + 0.5 * DITTO_LAMBDA * pull).backward()
+            personal_optimizer.step()
+    return torch.stack([torch.cat([nn.utils.parameters_to_vector(m.parameters()).detach(),
+                                   nn.utils.parameters_to_vector(p.parameters()).detach()])
+                        for (m, _), (p, _) in zip(modules, personal_modules, strict=True)])
 
 
 def make_client_modules(work: Workload) -> list[tuple[nn.Module, torch.optim.Optimizer]]:
@@ -181,11 +224,15 @@ def measure(clients: int, steps: int, repeats: int, seed: int) -> dict[str, Any]
     vectorised = Timed(lambda _: run_vectorised(work), lambda: None)
     loop = Timed(lambda modules: run_loop(work, modules, indices), lambda: make_client_modules(work))
     hand = Timed(lambda _: run_hand_batched(work, indices), lambda: None)
-    time_interleaved([vectorised, loop, hand], repeats)
+    ditto = Timed(lambda _: run_ditto_vectorised(work), lambda: None)
+    ditto_loop = Timed(lambda modules: run_ditto_loop(work, modules, indices), lambda: make_client_modules(work))
+    time_interleaved([vectorised, loop, hand, ditto, ditto_loop], repeats)
     assert vectorised.result is not None and loop.result is not None and hand.result is not None
+    assert ditto.result is not None and ditto_loop.result is not None
     vec_seconds, loop_seconds = vectorised.best, loop.best
     max_diff = max(float((vectorised.result - loop.result).abs().max()),
-                   float((hand.result - loop.result).abs().max()))
+                   float((hand.result - loop.result).abs().max()),
+                   float((ditto.result - ditto_loop.result).abs().max()))
     vec_rate, loop_rate = work.client_steps / vec_seconds, work.client_steps / loop_seconds
     hand_rate = work.client_steps / hand.best
     return {
@@ -196,6 +243,9 @@ def measure(clients: int, steps: int, repeats: int, seed: int) -> dict[str, Any]
         "hand_batched_bmm": {"best_seconds": hand.best, "client_steps_per_second": hand_rate},
         "ratio": vec_rate / loop_rate,
         "hand_batched_ratio": hand_rate / loop_rate,
+        "vectorised_over_hand_batched": vec_rate / hand_rate,
+        "ditto": {"vectorised_best_seconds": ditto.best, "loop_best_seconds": ditto_loop.best,
+                  "ratio": ditto_loop.best / ditto.best},
         "load_average_before": load_before,
         "weights_match": {"max_abs_diff": max_diff, "tolerance": TOLERANCE, "ok": max_diff <= TOLERANCE},
     }
@@ -226,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     match = result["weights_match"]
     print(f"sim_throughput: vectorised {result['vectorised']['client_steps_per_second']:,.0f} client-steps/s, "
           f"loop {result['loop']['client_steps_per_second']:,.0f} client-steps/s, ratio {result['ratio']:.1f}x "
-          f"(hand-batched bmm reference {result['hand_batched_ratio']:.1f}x) "
+          f"(hand-batched bmm reference {result['hand_batched_ratio']:.1f}x; Ditto vectorised vs its loop "
+          f"{result['ditto']['ratio']:.1f}x) "
           f"({args.clients} clients x {args.steps} steps, {result['threads']} threads); weights "
           f"{'match' if match['ok'] else 'DIFFER'} (max |diff| {match['max_abs_diff']:.1e}); -> {args.out}")
     return 0 if match["ok"] else 1
