@@ -111,12 +111,13 @@ def test_resume_without_a_checkpoint_is_refused(make_config: ConfigFactory, tmp_
 
 
 def test_resume_from_a_truncated_checkpoint_is_refused(make_config: ConfigFactory, tmp_path: Path) -> None:
-    """A truncated checkpoint file gives a CheckpointError naming the file as unreadable, not a pickle traceback."""
+    """A truncated checkpoint file gives a CheckpointError naming the file (its checksum no longer matches),
+    not a pickle traceback."""
     cfg = make_config("fedavg", "train.rounds=5")
     run_config(cfg, tmp_path, progress=False)
     path = tmp_path / "checkpoint.pt"
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    with pytest.raises(CheckpointError, match=r"checkpoint .*checkpoint\.pt is unreadable"):
+    with pytest.raises(CheckpointError, match=r"checkpoint .*checkpoint\.pt is corrupt"):
         run_config(cfg, tmp_path, resume=True, progress=False)
 
 

@@ -137,11 +137,15 @@ class Method(ABC):
                 current.load_state_dict(saved)
             elif isinstance(current, torch.Generator):
                 current.set_state(saved)
-            elif isinstance(current, torch.Tensor) and current.shape == saved.shape:
+            elif isinstance(current, torch.Tensor):
+                if not isinstance(saved, torch.Tensor) or saved.shape != current.shape:
+                    shape = tuple(saved.shape) if isinstance(saved, torch.Tensor) else type(saved).__name__
+                    raise ValueError(f"state '{key}': {shape} where {tuple(current.shape)} is expected")
                 with torch.no_grad():  # in place: optimizers keep pointing at the same parameters
                     current.copy_(saved)
-            elif isinstance(current, torch.Tensor):
-                setattr(self, key, saved.clone())
+            elif type(saved) is not type(current):
+                raise ValueError(f"state '{key}': a {type(saved).__name__} where a {type(current).__name__} "
+                                 f"is expected")
             else:
                 setattr(self, key, saved)
 

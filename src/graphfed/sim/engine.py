@@ -231,15 +231,33 @@ class Simulator:
                 "torch_rng": torch.get_rng_state()}
 
     def _restore(self, state: dict[str, Any]) -> int:
+        expected = {"completed_rounds": int, "config": str, "method": dict, "tracker": dict,
+                    "torch_rng": torch.Tensor}
+        for key, kind in expected.items():
+            if not isinstance(state.get(key), kind):
+                raise io.CheckpointError(f"--resume: the checkpoint has no valid '{key}' ({kind.__name__} expected); "
+                                         f"it was not written by this graphfed run")
         if state["config"] != dump_config(self.config):
             raise io.CheckpointError("--resume: the checkpoint was written by a different config; "
                                      "use the run's own config.yaml or start a new --out directory")
-        self.setup.method.load_state_dict(state["method"])
-        self.executor.load_state_dict(state.get("clients", {}))
+        completed = state["completed_rounds"]
+        if not 0 <= completed <= self.config.train.rounds:
+            raise io.CheckpointError(f"--resume: the checkpoint claims {completed} completed rounds of "
+                                     f"{self.config.train.rounds}")
+        unknown = set(state["tracker"]) - set(vars(self.tracker))
+        if unknown:
+            raise io.CheckpointError(f"--resume: the checkpoint's tracker has unknown fields {sorted(unknown)}")
+        try:
+            self.setup.method.load_state_dict(state["method"])
+            self.executor.load_state_dict(state.get("clients", {}))
+            torch.set_rng_state(state["torch_rng"])
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            raise io.CheckpointError(f"--resume: the checkpoint's state does not fit this run's method, model or "
+                                     f"clients ({type(err).__name__}: {reason})") from None
         for key, value in state["tracker"].items():
             setattr(self.tracker, key, value)
-        torch.set_rng_state(state["torch_rng"])
-        return int(state["completed_rounds"])
+        return int(completed)
 
     # ---- the loop ----------------------------------------------------------------------------------
     def run(self, resume: bool = False) -> dict[str, Any]:

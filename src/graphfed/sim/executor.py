@@ -123,11 +123,14 @@ class ClientStateStore:
         return {"trained": self.trained.clone(), "tensors": {k: v.clone() for k, v in self.tensors.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        trained = state["trained"]
-        if trained.shape != self.trained.shape:
-            raise ValueError(f"client state holds {len(trained)} clients, this run has {len(self.trained)}")
+        trained, tensors = state["trained"], state["tensors"]
+        if not isinstance(trained, torch.Tensor) or trained.dtype != torch.bool or trained.shape != self.trained.shape:
+            raise ValueError(f"client state must mark {len(self.trained)} clients as trained or not")
+        if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) and v.ndim >= 1
+                                                    and len(v) == len(self.trained) for v in tensors.values()):
+            raise ValueError(f"client state tensors must each hold {len(self.trained)} rows")
         self.trained = trained.clone()
-        self.tensors = {name: value.clone() for name, value in state["tensors"].items()}
+        self.tensors = {name: value.clone() for name, value in tensors.items()}
 
 
 class ClientRuntime(ClientExecutor):

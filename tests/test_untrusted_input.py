@@ -1,0 +1,144 @@
+"""Untrusted input and run state: crafted or corrupted checkpoints, torn logs, signals, non-finite metrics,
+paths built from names, and the validation holes a hostile or careless user finds. Each case ends in a clear
+one-line error (exit 2 for input, 3 for an unusable run state), never a traceback, never code execution."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner, Result
+
+from conftest import ConfigFactory
+from graphfed import cli
+from graphfed.config import dump_config
+from graphfed.sim import checkpoint as io_module
+from graphfed.sim.checkpoint import CHECKPOINT, CHECKPOINT_MAGIC, CheckpointError, load_checkpoint
+
+runner = CliRunner()
+
+
+def invoke(*args: str | Path) -> Result:
+    return runner.invoke(cli.app, [str(a) for a in args])
+
+
+def one_error_line(result: Result) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+@pytest.fixture
+def finished(make_config: ConfigFactory, tmp_path: Path) -> tuple[Path, Path]:
+    """A finished tiny run (config file, run directory with a checkpoint)."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(dump_config(make_config("ditto", "train.rounds=4", "train.eval_every=2",
+                                              "train.checkpoint_every=2")))
+    out = tmp_path / "run"
+    assert invoke("run", config, "--out", out, "--no-progress").exit_code == 0
+    return config, out
+
+
+def write_payload(out: Path, payload: bytes, checksum: bool = True) -> None:
+    header = CHECKPOINT_MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" if checksum else b""
+    (out / CHECKPOINT).write_bytes(header + payload)
+
+
+class _Exploit:
+    """Unpickling this would create a marker file (what an attacker's checkpoint would do)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (self.marker,))
+
+
+@pytest.mark.parametrize("with_checksum", [True, False])
+def test_a_crafted_checkpoint_runs_no_code_and_fails_in_one_line(finished: tuple[Path, Path], tmp_path: Path,
+                                                                 with_checksum: bool) -> None:
+    """A checkpoint whose unpickling would create a marker file: --resume leaves no marker, exits 3, one line
+    (with a valid checksum too: the checksum is about corruption, weights_only=True is about code)."""
+    config, out = finished
+    marker = tmp_path / "pwned"
+    buffer = io.BytesIO()
+    torch.save({"completed_rounds": 2, "payload": _Exploit(marker)}, buffer)
+    assert b"touch" in buffer.getvalue()  # the payload really carries the call
+    write_payload(out, buffer.getvalue(), with_checksum)
+    result = invoke("run", config, "--out", out, "--resume", "--no-progress")
+    assert not marker.exists()
+    assert result.exit_code == 3
+    assert "not a readable graphfed checkpoint" in one_error_line(result)
+
+
+def test_a_bit_flip_in_the_checkpoint_is_refused_by_its_checksum(finished: tuple[Path, Path]) -> None:
+    config, out = finished
+    data = bytearray((out / CHECKPOINT).read_bytes())
+    data[-100] ^= 0x01
+    (out / CHECKPOINT).write_bytes(bytes(data))
+    result = invoke("run", config, "--out", out, "--resume", "--no-progress")
+    assert result.exit_code == 3
+    assert "corrupt" in one_error_line(result) and "checksum" in one_error_line(result)
+
+
+def _state(out: Path) -> dict[str, Any]:
+    return load_checkpoint(out)
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    ("dict", "no valid 'completed_rounds'"),
+    ("list", "holds a list"),
+    ("wrong_shapes", "does not fit"),
+    ("bad_rng", "does not fit"),
+    ("client_state", "does not fit"),
+    ("rounds", "claims 99 completed rounds"),
+])
+def test_a_valid_pickle_of_the_wrong_structure_gives_one_line(finished: tuple[Path, Path], case: str,
+                                                              message: str) -> None:
+    config, out = finished
+    state: Any = _state(out)
+    if case == "dict":
+        state = {"foo": 1}
+    elif case == "list":
+        state = [1, 2, 3]
+    elif case == "wrong_shapes":
+        state["method"]["global_weights"] = torch.zeros(3)
+    elif case == "bad_rng":
+        state["torch_rng"] = torch.zeros(5, dtype=torch.uint8)
+    elif case == "client_state":
+        state["clients"] = {"trained": torch.zeros(2, dtype=torch.bool), "tensors": {}}
+    elif case == "rounds":
+        state["completed_rounds"] = 99
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    write_payload(out, buffer.getvalue())
+    result = invoke("run", config, "--out", out, "--resume", "--no-progress")
+    assert result.exit_code == 3, result.output
+    assert message in one_error_line(result)
+
+
+def test_a_plain_pickle_is_not_a_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / CHECKPOINT).write_bytes(pickle.dumps({"completed_rounds": 1}))
+    with pytest.raises(CheckpointError, match="not a readable graphfed checkpoint"):
+        load_checkpoint(tmp_path)
+
+
+def test_checkpoints_carry_a_checksum_header(finished: tuple[Path, Path]) -> None:
+    _, out = finished
+    data = (out / CHECKPOINT).read_bytes()
+    header, _, payload = data.partition(b"\n")
+    assert header.startswith(CHECKPOINT_MAGIC)
+    assert header[len(CHECKPOINT_MAGIC):].decode() == hashlib.sha256(payload).hexdigest()
+    assert io_module.load_checkpoint(out)["completed_rounds"] == 4
+
+
+def test_summary_json_is_valid_json(finished: tuple[Path, Path]) -> None:
+    _, out = finished
+    json.loads((out / "summary.json").read_text(), parse_constant=lambda name: pytest.fail(f"{name} in JSON"))
