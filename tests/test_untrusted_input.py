@@ -142,3 +142,34 @@ def test_checkpoints_carry_a_checksum_header(finished: tuple[Path, Path]) -> Non
 def test_summary_json_is_valid_json(finished: tuple[Path, Path]) -> None:
     _, out = finished
     json.loads((out / "summary.json").read_text(), parse_constant=lambda name: pytest.fail(f"{name} in JSON"))
+
+
+# ---- names that become paths ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["../../x", "/abs/path", "..", ".hidden", "a/b", "x\ny", "a\\b", ""])
+@pytest.mark.parametrize("where", ["dataset", "method", "variant"])
+def test_suite_names_that_would_leave_the_output_folder_are_refused(tmp_path: Path, key: str, where: str) -> None:
+    """Suite keys become folder names: anything with a separator, a leading dot or a control character is
+    refused before anything runs, and nothing is written anywhere (inside --out or outside it)."""
+    import yaml
+
+    from graphfed.cli import app
+
+    entry: dict[str, Any] = {"methods": ["fedavg"], "config": {"dataset": {"name": "fln", "num_clients": 4}}}
+    dataset_key = "ok"
+    if where == "dataset":
+        dataset_key = key
+    elif where == "method":
+        entry["methods"] = [key]
+    else:
+        entry["methods"] = [key]
+        entry["variants"] = {key: {"method": "fedavg"}}
+    suite = tmp_path / "suite" / "s.yaml"
+    suite.parent.mkdir()
+    suite.write_text(yaml.safe_dump({"name": "x", "datasets": {dataset_key: entry}}))
+    before = sorted(p for p in tmp_path.rglob("*"))
+    result = CliRunner().invoke(app, ["bench", str(suite), "--out", str(tmp_path / "out" / "deep")])
+    assert result.exit_code == 2, result.output
+    assert "cannot name a folder" in one_error_line(result) or "at least 1" in one_error_line(result)
+    assert sorted(p for p in tmp_path.rglob("*")) == before

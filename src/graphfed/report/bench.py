@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -44,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from graphfed.config import ConfigError, RunConfig, dump_config, load_config, read_yaml_mapping, validate_config
 from graphfed.methods import parse_options
@@ -79,6 +80,18 @@ class Variant(_Strict):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+#: Names that become folder names (suite dataset keys, method labels): no separators, no leading dot, no
+#: control characters, so a hostile suite cannot write outside ``--out`` (``../../x``, ``/abs``).
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+
+
+def check_safe_name(name: str, what: str) -> str:
+    if not SAFE_NAME.fullmatch(name):
+        raise ValueError(f"{what} {name!r} cannot name a folder: use letters, digits, '.', '_', '+', '-' "
+                         f"(not first), at most 100 characters")
+    return name
+
+
 class SuiteDataset(_Strict):
     title: str | None = None
     description: str = ""
@@ -89,6 +102,12 @@ class SuiteDataset(_Strict):
     seeds: int | None = Field(default=None, ge=1, description="default: the suite's seeds")
     paper: list[PaperReference] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _labels_are_folder_names(self) -> SuiteDataset:
+        for label in (*self.methods, *self.variants):
+            check_safe_name(label, "method label")
+        return self
+
 
 class Suite(_Strict):
     name: str
@@ -96,6 +115,12 @@ class Suite(_Strict):
     seeds: int = Field(default=3, ge=1)
     base: dict[str, Any] = Field(default_factory=dict)
     datasets: dict[str, SuiteDataset] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _keys_are_folder_names(self) -> Suite:
+        for key in self.datasets:
+            check_safe_name(key, "dataset key")
+        return self
 
 
 @dataclass(frozen=True)
@@ -107,7 +132,10 @@ class Cell:
     config: RunConfig
 
     def directory(self, out: Path) -> Path:
-        return out / "runs" / self.dataset / self.method / f"seed{self.config.seed}"
+        path = out / "runs" / self.dataset / self.method / f"seed{self.config.seed}"
+        if not path.resolve().is_relative_to(out.resolve()):  # the names are checked on load; never trust them
+            raise ConfigError(f"cell {self.dataset}/{self.method} would be written outside {out}")
+        return path
 
 
 def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
@@ -128,7 +156,8 @@ def load_suite(path: Path) -> Suite:
     except ValidationError as err:
         first = err.errors()[0]
         field = ".".join(str(part) for part in first["loc"])
-        raise ConfigError(f"{path}: {field}: {first['msg']}") from None
+        message = first["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"{path}: {field}: {message}" if field else f"{path}: {message}") from None
     for config in (suite.base, *(entry.config for entry in suite.datasets.values())):
         _anchor_data_dir(config, path.parent)
     return suite
