@@ -284,10 +284,13 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunConfig, P
 
 def test_run_directory_holds_config_log_summary_and_plot(finished_run: tuple[RunConfig, Path, dict[str, Any]]
                                                          ) -> None:
-    """config.yaml re-loads into an equal RunConfig; rounds.jsonl has one record per evaluation; summary.json has
-    the documented keys; plots/curves.png is a non-empty PNG."""
+    """config.yaml re-loads into the RunConfig with the thread count it ran at filled in (so it reproduces the
+    run elsewhere); rounds.jsonl has one record per evaluation; summary.json has the documented keys;
+    plots/curves.png is a non-empty PNG."""
     cfg, out, summary = finished_run
-    assert load_config(out / "config.yaml") == cfg
+    assert cfg.torch_threads is None
+    assert load_config(out / "config.yaml") == cfg.model_copy(update={"torch_threads": torch.get_num_threads()})
+    assert summary["torch_threads"] == torch.get_num_threads()
     assert [r["round"] for r in read_rounds(out)] == list(range(1, cfg.train.rounds + 1))
     saved = io.read_summary(out)
     assert set(saved) >= SUMMARY_KEYS

@@ -173,3 +173,96 @@ def test_suite_names_that_would_leave_the_output_folder_are_refused(tmp_path: Pa
     assert result.exit_code == 2, result.output
     assert "cannot name a folder" in one_error_line(result) or "at least 1" in one_error_line(result)
     assert sorted(p for p in tmp_path.rglob("*")) == before
+
+
+# ---- run state -------------------------------------------------------------------------------------------
+
+
+def test_a_torn_last_line_of_rounds_jsonl_is_dropped_on_resume(finished: tuple[Path, Path]) -> None:
+    """A crash mid-append leaves a partial last line: resume drops it and finishes; the log is whole again."""
+    config, out = finished
+    log = out / "rounds.jsonl"
+    whole = log.read_text()
+    log.write_text(whole + '{"round": 5, "val_me')
+    result = invoke("run", config, "--out", out, "--resume", "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert log.read_text() == whole
+
+
+def test_a_corrupt_line_inside_rounds_jsonl_is_named(finished: tuple[Path, Path]) -> None:
+    config, out = finished
+    log = out / "rounds.jsonl"
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join([lines[0], "garbage{", *lines[1:]]) + "\n")
+    result = invoke("run", config, "--out", out, "--resume", "--no-progress")
+    assert result.exit_code == 3
+    line = one_error_line(result)
+    assert "rounds.jsonl: line 2 is not JSON" in line
+
+
+def test_temporary_files_of_interrupted_writes_are_cleaned(finished: tuple[Path, Path]) -> None:
+    config, out = finished
+    stale = [out / ".checkpoint.pt.k3j2.tmp", out / "graphs" / ".round_0002.npz.x1.tmp"]
+    for path in stale:
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"half a file")
+    assert invoke("run", config, "--out", out, "--resume", "--no-progress").exit_code == 0
+    assert not any(path.exists() for path in stale)
+
+
+def test_sigterm_ends_a_run_like_ctrl_c(make_config: ConfigFactory, tmp_path: Path) -> None:
+    """SIGTERM: exit 130, the same one-line message as Ctrl-C, the last checkpoint kept and resumable."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    config = tmp_path / "long.yaml"
+    config.write_text(dump_config(make_config("fedavg", "train.rounds=100000", "train.checkpoint_every=5",
+                                              "train.eval_every=50")))
+    out = tmp_path / "run"
+    executable = Path(sys.executable).parent / "graphfed"
+    process = subprocess.Popen([str(executable), "run", str(config), "--out", str(out), "--no-progress"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / CHECKPOINT).exists() and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.2)
+    os.kill(process.pid, signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert "interrupted; the last checkpoint" in stderr.strip().splitlines()[-1]
+    assert load_checkpoint(out)["completed_rounds"] >= 5
+
+
+def test_a_client_whose_metric_is_infinite_is_named_and_the_summary_stays_json(tmp_path: Path) -> None:
+    """One client's test targets overflow the squared error in float32 (1e20 is finite, its square is not):
+    the run completes, the client is named in test_nonfinite_clients, test_mean is over the others, and
+    summary.json / rounds.jsonl are strict JSON (no Infinity)."""
+    import numpy as np
+
+    from graphfed.data.datasets.folder import write_federation
+
+    rng = np.random.default_rng(0)
+
+    def split(rows: int, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+        x = rng.normal(size=(rows, 3)).astype(np.float32)
+        return x, (x.sum(1, keepdims=True) * scale).astype(np.float32)
+
+    clients = {f"c{i}": {"train": split(20), "val": split(5), "test": split(5, 1e20 if i == 1 else 1.0)}
+               for i in range(3)}
+    folder = write_federation(tmp_path / "fed", clients)
+    config = tmp_path / "c.yaml"
+    config.write_text("dataset: {name: folder, data_dir: %s}\nmethod: {name: fedavg}\n"
+                      "train: {rounds: 2, eval_every: 1, local_steps: 2, batch_size: 4, clients_per_round: 3}\n"
+                      % folder)
+    out = tmp_path / "run"
+    result = invoke("run", config, "--out", out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    strict = {"parse_constant": lambda name: pytest.fail(f"{name} in JSON")}
+    summary = json.loads((out / "summary.json").read_text(), **strict)
+    assert summary["test_nonfinite_clients"] == ["c1"]
+    assert summary["test_mean"] is not None and summary["test_mean"] < 1e3
+    for line in (out / "rounds.jsonl").read_text().splitlines():
+        json.loads(line, **strict)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -41,11 +44,26 @@ def _load(config: Path | None, overrides: list[str] | None) -> RunConfig:
         raise  # unreachable; keeps type checkers happy
 
 
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a scheduler stopping the job, ``kill``) ends a run like Ctrl-C: checkpoint kept, one line."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _run_one(cfg: RunConfig, out: Path | None, resume: bool, progress: bool = True) -> dict[str, Any]:
     from graphfed.sim.engine import run_config
 
     try:
-        summary = run_config(cfg, out, resume=resume, progress=progress)
+        with _sigterm_as_interrupt():
+            summary = run_config(cfg, out, resume=resume, progress=progress)
     except ConfigError as err:
         _fail(str(err), EXIT_CONFIG)
     except (FileNotFoundError, CheckpointError, ValueError) as err:
@@ -195,16 +213,17 @@ def bench(suite: Annotated[Path, typer.Argument(help="suite YAML: methods x data
     _setup_logging(verbose)
     try:
         extra = apply_overrides({}, overrides or [])
-        report, all_done = run_suite(
-            suite, out, datasets=_names(datasets), methods=_names(methods), seeds=seeds, overrides=extra,
-            data_dir=data_dir, in_process=in_process, echo=console.print,
-            command=shlex.join(["graphfed", "bench", str(suite), "--out", str(out),
-                                *(["--datasets", datasets] if datasets else []),
-                                *(["--methods", methods] if methods else []),
-                                *(["--seeds", str(seeds)] if seeds else []),
-                                *(f"--set={text}" for text in overrides or []),
-                                *(["--data-dir", str(data_dir)] if data_dir else []),
-                                *(["--in-process"] if in_process else [])]))
+        command = shlex.join(["graphfed", "bench", str(suite), "--out", str(out),
+                              *(["--datasets", datasets] if datasets else []),
+                              *(["--methods", methods] if methods else []),
+                              *(["--seeds", str(seeds)] if seeds else []),
+                              *(f"--set={text}" for text in overrides or []),
+                              *(["--data-dir", str(data_dir)] if data_dir else []),
+                              *(["--in-process"] if in_process else [])])
+        with _sigterm_as_interrupt():
+            report, all_done = run_suite(suite, out, datasets=_names(datasets), methods=_names(methods), seeds=seeds,
+                                         overrides=extra, data_dir=data_dir, in_process=in_process,
+                                         echo=console.print, command=command)
     except ConfigError as err:
         _fail(str(err), EXIT_CONFIG)
     except KeyboardInterrupt:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -12,6 +14,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+log = logging.getLogger("graphfed")
 
 CHECKPOINT = "checkpoint.pt"
 ROUNDS_LOG = "rounds.jsonl"
@@ -93,11 +97,11 @@ class RoundLog:
         self.path = out_dir / ROUNDS_LOG
 
     def truncate_after(self, last_round: int) -> None:
-        """Drop lines written after the checkpoint we resume from, so no round appears twice."""
+        """Drop lines written after the checkpoint we resume from, so no round appears twice (and a last line
+        torn by a crash mid-write)."""
         if not self.path.exists():
             return
-        kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line)["round"] <= last_round]
+        kept = [json.dumps(record) for record in self.read() if record["round"] <= last_round]
         atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))
 
     def reset(self) -> None:
@@ -105,13 +109,35 @@ class RoundLog:
 
     def append(self, record: dict[str, Any]) -> None:
         with self.path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
+            handle.write(json.dumps(finite_or_none(record), allow_nan=False) + "\n")
             handle.flush()
 
     def read(self) -> list[dict[str, Any]]:
+        """The records in order. A last line without its newline is a write a crash interrupted: it is dropped.
+        Anything else unreadable is an error naming the file and line."""
         if not self.path.exists():
             return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise CheckpointError(f"{self.path}: not UTF-8 text; it was not written by graphfed") from None
+        lines = text.split("\n")
+        torn = lines.pop()  # "" after a final newline; otherwise a partial last record
+        records = []
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise CheckpointError(f"{self.path}: line {number} is not JSON ({err.msg}); fix or delete the "
+                                      f"line, or start a new --out directory") from None
+            if not isinstance(record, dict) or not isinstance(record.get("round"), int):
+                raise CheckpointError(f"{self.path}: line {number} is not a round record")
+            records.append(record)
+        if torn.strip():
+            log.warning("%s: dropped a torn last line (a write interrupted by a crash)", self.path)
+        return records
 
 
 GRAPHS_DIR = "graphs"
@@ -144,8 +170,27 @@ def load_graphs(run_dir: Path) -> list[tuple[int, list[str], np.ndarray]]:
     return found
 
 
+def finite_or_none(value: Any) -> Any:
+    """``value`` with every NaN/Inf float replaced by None, recursively (strict JSON has no NaN/Infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_none(item) for item in value]
+    return value
+
+
 def write_summary(out_dir: Path, summary: dict[str, Any]) -> None:
-    atomic_write_text(out_dir / SUMMARY, json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(out_dir / SUMMARY, json.dumps(finite_or_none(summary), indent=2, allow_nan=False) + "\n")
+
+
+def remove_stale_temporaries(out_dir: Path) -> list[Path]:
+    """Delete temp files of atomic writes that a crash interrupted (``.NAME.XXXX.tmp``); return them."""
+    stale = [path for path in out_dir.rglob(".*.tmp") if path.is_file()]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
 
 
 def read_summary(out_dir: Path) -> dict[str, Any]:

@@ -125,6 +125,10 @@ class Simulator:
     def __init__(self, config: RunConfig, out_dir: str | Path | None = None,
                  federation: Federation | None = None, progress: bool = True,
                  executor: Callable[[Setup], ClientExecutor] | None = None) -> None:
+        if config.torch_threads is None:
+            # Float sums depend on the intra-op thread count: record the count this machine uses, so the run's
+            # own config.yaml reproduces its numbers bit for bit elsewhere.
+            config = config.model_copy(update={"torch_threads": torch.get_num_threads()})
         self.config = config
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.progress = progress
@@ -188,6 +192,14 @@ class Simulator:
             record["test_mae"] = float(test.mae.mean())
             record["test_mae_original_units"] = (None if fed.target_scale is None
                                                  else record["test_mae"] * fed.target_scale)
+        for split, scores_of_split in (("val", val), ("test", test)):
+            # NaN without rows is a reply that never came (Flower); NaN/Inf with rows is a broken model.
+            broken = train_ids[~torch.isfinite(scores_of_split.metric) & (scores_of_split.counts > 0)]
+            record[f"{split}_nonfinite_clients"] = [fed.client_names[int(i)] for i in broken]
+            if len(broken):
+                log.warning("round %d: the %s %s of %d client(s) is NaN/Inf (%s); left out of the mean",
+                            round_index + 1, split, fed.metric, len(broken),
+                            ", ".join(record[f"{split}_nonfinite_clients"][:10]))
         record["novel_mean"] = record["novel_std"] = None
         if len(novel_ids):
             novel = scores["test"].select(novel_ids)
@@ -266,6 +278,8 @@ class Simulator:
         start_round = 0
         if self.out_dir:
             self.out_dir.mkdir(parents=True, exist_ok=True)
+            for stale in io.remove_stale_temporaries(self.out_dir):
+                log.info("removed %s, left by an interrupted write", stale)
             if resume:
                 start_round = self._restore(io.load_checkpoint(self.out_dir))
                 rounds_log.truncate_after(start_round)
@@ -335,6 +349,7 @@ class Simulator:
             "status": status,
             "test_mean": best.get("test_mean"), "test_std": best.get("test_std"),
             "test_pooled": best.get("test_pooled"), "val_mean": best.get("val_mean"),
+            "test_nonfinite_clients": best.get("test_nonfinite_clients", []),
             "test_mae": best.get("test_mae"), "test_mae_original_units": best.get("test_mae_original_units"),
             "novel_mean": best.get("novel_mean"), "novel_std": best.get("novel_std"),
             "novel_adapted_mean": novel_adapted[0], "novel_adapted_std": novel_adapted[1],
@@ -343,7 +358,7 @@ class Simulator:
             "num_novel_clients": len(fed.novel_client_ids), "num_params": self.setup.spec.dim,
             "wall_seconds": round(self.tracker.elapsed, 3),
             "bytes_up": self.tracker.bytes_up, "bytes_down": self.tracker.bytes_down,
-            "peak_rss_mb": peak_rss_mb(),
+            "peak_rss_mb": peak_rss_mb(), "torch_threads": cfg.torch_threads,
             "notes": list(self.setup.method.notes),
         }
 
