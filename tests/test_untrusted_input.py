@@ -254,9 +254,8 @@ def test_a_client_whose_metric_is_infinite_is_named_and_the_summary_stays_json(t
                for i in range(3)}
     folder = write_federation(tmp_path / "fed", clients)
     config = tmp_path / "c.yaml"
-    config.write_text("dataset: {name: folder, data_dir: %s}\nmethod: {name: fedavg}\n"
-                      "train: {rounds: 2, eval_every: 1, local_steps: 2, batch_size: 4, clients_per_round: 3}\n"
-                      % folder)
+    config.write_text(f"dataset: {{name: folder, data_dir: {folder}}}\nmethod: {{name: fedavg}}\n"
+                      "train: {rounds: 2, eval_every: 1, local_steps: 2, batch_size: 4, clients_per_round: 3}\n")
     out = tmp_path / "run"
     result = invoke("run", config, "--out", out, "--no-progress")
     assert result.exit_code == 0, result.output
