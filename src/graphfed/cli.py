@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +16,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
-from graphfed.config import ConfigError, RunConfig, load_config, validate_config
+from graphfed.config import ConfigError, RunConfig, load_config, printable, validate_config
 from graphfed.sim.checkpoint import CheckpointError, RoundLog, atomic_write_text
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -32,8 +33,17 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _fail(message: str, code: int) -> None:
-    typer.echo(f"error: {message}", err=True)
+    typer.echo(f"error: {printable(message)}", err=True)  # one line, whatever a file or name held
     raise typer.Exit(code)
+
+
+def _check_out(out: Path, option: str = "--out") -> None:
+    """Fail before any data is built when ``out`` cannot become a writable run folder (nothing is created)."""
+    if out.exists() and not out.is_dir():
+        _fail(f"{option} {out}: exists and is not a directory", EXIT_CONFIG)
+    existing = next(parent for parent in (out, *out.parents) if parent.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        _fail(f"{option} {out}: {existing} is not a writable directory", EXIT_CONFIG)
 
 
 def _load(config: Path | None, overrides: list[str] | None) -> RunConfig:
@@ -64,9 +74,9 @@ def _run_one(cfg: RunConfig, out: Path | None, resume: bool, progress: bool = Tr
     try:
         with _sigterm_as_interrupt():
             summary = run_config(cfg, out, resume=resume, progress=progress)
-    except ConfigError as err:
+    except (ConfigError, FileNotFoundError) as err:  # the config or its data files: input to fix
         _fail(str(err), EXIT_CONFIG)
-    except (FileNotFoundError, CheckpointError, ValueError) as err:
+    except (CheckpointError, ValueError) as err:
         _fail(str(err), EXIT_RUN)
     except KeyboardInterrupt:
         # Typer turns KeyboardInterrupt into a silent exit; say how to continue.
@@ -91,6 +101,7 @@ def run(config: Annotated[Path, typer.Argument(help="YAML run config")],
     _setup_logging(verbose)
     cfg = _load(config, overrides)
     out = out or Path("runs") / f"{cfg.method.name}_{cfg.dataset.name}_seed{cfg.seed}"
+    _check_out(out)
     summary = _run_one(cfg, out, resume, progress)
     _print_summary(summary)
     console.print(f"results in [bold]{out}[/bold]")
@@ -129,6 +140,10 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
     _setup_logging(verbose)
     base = _load(config, overrides)
     names = _names(methods) or []
+    if not names:
+        _fail(f"--methods: name at least one method, comma-separated (e.g. fedavg,ditto); got {methods!r}",
+              EXIT_CONFIG)
+    _check_out(out)
     configs: dict[str, list[RunConfig]] = {}
     for name in names:
         data = base.model_dump(mode="json")
@@ -211,6 +226,7 @@ def bench(suite: Annotated[Path, typer.Argument(help="suite YAML: methods x data
     from graphfed.report.bench import run_suite
 
     _setup_logging(verbose)
+    _check_out(out)
     try:
         extra = apply_overrides({}, overrides or [])
         command = shlex.join(["graphfed", "bench", str(suite), "--out", str(out),

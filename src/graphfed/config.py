@@ -3,19 +3,35 @@
 from __future__ import annotations
 
 import os
+import unicodedata
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 
 class ConfigError(ValueError):
     """A config that cannot run. The message is one line naming the field and what is allowed."""
 
 
+def printable(text: str) -> str:
+    """``text`` with control characters (newlines, terminal escapes, ...) shown as escapes: what users' files
+    and names contain is echoed as one printable line, never interpreted by a terminal."""
+    return "".join(c if unicodedata.category(c)[0] != "C" else c.encode("unicode_escape").decode() for c in text)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # YAML's `true` would otherwise pass as the integer 1 (train.rounds=true ran one round).
+        annotation = cls.model_fields[info.field_name].annotation if info.field_name else None
+        if isinstance(value, bool) and annotation is not bool and "bool" not in str(annotation):
+            raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
+        return value
 
 
 class DatasetConfig(_Strict):
@@ -61,7 +77,8 @@ class TrainConfig(_Strict):
     rounds: int = Field(default=200, ge=1)
     clients_per_round: int = Field(default=5, ge=1, description="S, clients sampled per round")
     local_steps: int = Field(default=50, ge=1, description="K_c, client SGD steps per round")
-    batch_size: int = Field(default=64, ge=1)
+    batch_size: int = Field(default=64, ge=1, le=65536, description="rows per mini-batch (drawn with replacement; "
+                            "above 65,536 the per-round index draws alone take gigabytes)")
     lr: float = Field(default=0.05, gt=0, description="client SGD learning rate")
     eval_every: int = Field(default=10, ge=1)
     checkpoint_every: int = Field(default=50, ge=1)
@@ -79,7 +96,7 @@ class FlowerConfig(_Strict):
 
 
 class RunConfig(_Strict):
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     method: MethodConfig = Field(default_factory=MethodConfig)
@@ -99,6 +116,9 @@ class RunConfig(_Strict):
             raise ValueError(f"dataset.name: unknown dataset '{self.dataset.name}'; allowed: {allowed}")
         if self.model.name not in MODELS:
             raise ValueError(f"model.name: unknown model '{self.model.name}'; allowed: {', '.join(sorted(MODELS))}")
+        from graphfed.models import check_model_options
+
+        check_model_options(self.model.name, self.model.options)
         parse_options(self.method.name, self.method.options)
         return self
 
@@ -138,9 +158,13 @@ def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{what} not found: {path}")
     try:
-        loaded = yaml.safe_load(path.read_text())
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start}); save the {what} as UTF-8") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid YAML (nested too deeply)") from None
     if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of fields")
     return loaded or {}

@@ -7,6 +7,7 @@ changing the split fractions does not change which clients are novel, and one se
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from graphfed.config import ConfigError, DatasetConfig
+from graphfed.config import ConfigError, DatasetConfig, printable
 from graphfed.data.federation import ClientSplit, Federation, Task
 from graphfed.data.graphs import choose_novel_clients, edges_to_adjacency
 from graphfed.data.partition import split_client_indices
@@ -176,7 +177,20 @@ def _image_clients(cfg: DatasetConfig, rng: np.random.Generator,
 
 
 def build_federation(cfg: DatasetConfig, seed: int) -> Federation:
-    """Build the federation named by ``cfg.name``; the same (cfg, seed) gives identical tensors."""
+    """Build the federation named by ``cfg.name``; the same (cfg, seed) gives identical tensors.
+
+    Data files are input like a config: a file that is corrupt or out of range raises ``ConfigError`` with the
+    loader's one-line message (which names the file); a missing one raises ``FileNotFoundError``."""
+    try:
+        return _build_federation(cfg, seed)
+    except (ConfigError, FileNotFoundError):
+        raise
+    except (ValueError, OSError, EOFError, zlib.error) as err:
+        text = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError(f"dataset {cfg.name}: {printable(text)}") from None
+
+
+def _build_federation(cfg: DatasetConfig, seed: int) -> Federation:
     if cfg.name not in DATASETS:
         allowed = ", ".join(sorted(DATASETS))
         raise ConfigError(f"dataset.name: unknown dataset {cfg.name!r}; allowed: {allowed}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -57,14 +58,32 @@ MODELS: dict[str, tuple[Callable[..., TargetModel], str]] = {
 }
 
 
+def check_model_options(name: str, options: dict[str, Any]) -> None:
+    """Every option is one the model's builder takes, and every size is an integer >= 1 (checked when the
+    config is read, before any data is built)."""
+    builder, _ = MODELS[name]
+    parameters = {key: p for key, p in inspect.signature(builder).parameters.items() if key != "fed"}
+    for key, value in options.items():
+        if key not in parameters:
+            raise ConfigError(f"model.options.{key}: unknown option; options of '{name}': "
+                              f"{', '.join(parameters) or 'none'}")
+        default = parameters[key].default
+        size = isinstance(default, int) or (default is None and key.startswith(("channels", "hidden")))
+        if size and (isinstance(value, bool) or not isinstance(value, int) or value < 1 or value > 1_000_000):
+            raise ConfigError(f"model.options.{key}: must be an integer from 1 to 1,000,000, got {value!r}")
+
+
 def build_model(name: str, federation: Federation, options: dict[str, Any] | None = None) -> TargetModel:
     if name not in MODELS:
         raise ConfigError(f"model.name: unknown model '{name}'; allowed: {', '.join(sorted(MODELS))}")
     builder, _ = MODELS[name]
+    check_model_options(name, options or {})
     try:
         return builder(federation, **(options or {}))
-    except TypeError as err:
-        raise ConfigError(f"model.options: {err}") from err
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"model.options: {err}") from None
 
 
-__all__ = ["MODELS", "TargetModel", "build_model"]
+__all__ = ["MODELS", "TargetModel", "build_model", "check_model_options"]

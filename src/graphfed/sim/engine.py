@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from graphfed.config import RunConfig, dump_config
+from graphfed.config import ConfigError, RunConfig, dump_config
 from graphfed.core import rng
 from graphfed.core.params import ParamSpec
 from graphfed.data import build_federation
@@ -140,12 +140,16 @@ class Simulator:
         self.tracker = Tracker(higher_is_better=fed.metric == "accuracy")
         self.num_train_clients = len(fed.train_client_ids)
         if self.num_train_clients == 0:
-            raise ValueError("every client is novel: lower dataset.novel_fraction")
+            raise ConfigError("dataset.novel_fraction: every client is novel, none would train; lower it")
+        self.clients_per_round = min(config.train.clients_per_round, self.num_train_clients)
+        if self.clients_per_round < config.train.clients_per_round:
+            log.warning("train.clients_per_round is %d but only %d clients train; each round samples all %d",
+                        config.train.clients_per_round, self.num_train_clients, self.clients_per_round)
 
     # ---- pieces of a round ----------------------------------------------------------------------------
     def sample_clients(self, round_index: int) -> torch.Tensor:
         train_ids = self.setup.federation.train_client_ids
-        per_round = min(self.config.train.clients_per_round, len(train_ids))
+        per_round = self.clients_per_round
         order = torch.randperm(len(train_ids), generator=rng.generator(self.config.seed, round_index, "sampling"))
         return train_ids[order[:per_round]].sort().values
 
@@ -355,6 +359,7 @@ class Simulator:
             "novel_adapted_mean": novel_adapted[0], "novel_adapted_std": novel_adapted[1],
             "best_round": best.get("round"), "final_test_mean": last.get("test_mean"),
             "rounds": last.get("round", 0), "num_clients": fed.num_clients,
+            "clients_per_round": self.clients_per_round,
             "num_novel_clients": len(fed.novel_client_ids), "num_params": self.setup.spec.dim,
             "wall_seconds": round(self.tracker.elapsed, 3),
             "bytes_up": self.tracker.bytes_up, "bytes_down": self.tracker.bytes_down,

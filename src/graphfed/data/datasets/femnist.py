@@ -124,8 +124,9 @@ def read_leaf_shard(path: Path | str) -> dict[str, tuple[np.ndarray, np.ndarray]
         raise ValueError(f"{path}: 'users' must be a list of writer ids")
     if not isinstance(user_data, dict):
         raise ValueError(f"{path}: 'user_data' must map writer ids to {{x, y}}")
-    if counts is not None and (not isinstance(counts, list) or len(counts) != len(users)):
-        raise ValueError(f"{path}: 'num_samples' must list one count per user")
+    if counts is not None and (not isinstance(counts, list) or len(counts) != len(users)
+                               or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts)):
+        raise ValueError(f"{path}: 'num_samples' must list one non-negative integer count per user")
     if len(set(users)) != len(users):
         raise ValueError(f"{path}: 'users' lists a writer twice")
     writers: dict[str, tuple[np.ndarray, np.ndarray]] = {}

@@ -30,7 +30,7 @@ import numpy as np
 import yaml
 from numpy.typing import ArrayLike
 
-from graphfed.config import ConfigError, DatasetConfig
+from graphfed.config import ConfigError, DatasetConfig, printable
 from graphfed.data.federation import ClientSplit, Federation, Task
 from graphfed.data.graphs import choose_novel_clients, edges_to_adjacency
 
@@ -48,7 +48,7 @@ GRAPH_HEADERS = (["src", "dst"], ["src", "dst", "weight"])
 _LISTED = 8  # names an error message lists before "..."; a 3,000-client federation must still give one line
 
 
-class FederationFormatError(ValueError):
+class FederationFormatError(ConfigError):
     """A federation folder that cannot be loaded. The one-line message names the file (and line or row)."""
 
 
@@ -97,7 +97,8 @@ class FolderFederation:
 
 
 def _error(where: Path | str, message: str) -> FederationFormatError:
-    return FederationFormatError(f"{where}: {message}")
+    # Names come from the user's files: escape control characters so the message stays one printable line.
+    return FederationFormatError(printable(f"{where}: {message}"))
 
 
 def _first_line(err: BaseException) -> str:
@@ -180,6 +181,9 @@ def _client_ids(root: Path) -> list[str]:
     # Hidden entries (.DS_Store, .ipynb_checkpoints) are tool litter, not clients.
     entries = sorted((p for p in clients.iterdir() if not p.name.startswith(".")), key=lambda p: p.name)
     for entry in entries:
+        if printable(entry.name) != entry.name:
+            raise _error(entry, "client folder names must not hold control characters")
+    for entry in entries:
         if not entry.is_dir():
             raise _error(entry, "not a folder; clients/ holds one folder per client")
     if not entries:
@@ -200,6 +204,25 @@ def _split_file(client_dir: Path, split: str) -> Path:
                       f"train, val and test")
 
 
+def _check_npz_member(path: Path, archive: np.lib.npyio.NpzFile, name: str) -> None:
+    """Read only the .npy header of ``name`` and refuse a shape its stored bytes cannot hold (a header claiming
+    10^12 rows would otherwise allocate terabytes before anything fails)."""
+    member = f"{name}.npy"
+    try:
+        with archive.zip.open(member) as handle:
+            version = np.lib.format.read_magic(handle)
+            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0)
+            shape, _, dtype = read_header(handle)
+        stored = archive.zip.getinfo(member).file_size
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:
+        raise _error(path, f"cannot read the header of array {name} ({_first_line(err)})") from None
+    needed = math.prod(shape) * dtype.itemsize
+    if needed > stored:
+        raise _error(path, f"array {name} claims shape {tuple(shape)} ({needed:,} bytes) but the archive stores "
+                           f"{stored:,} bytes for it")
+
+
 def _read_npz(path: Path) -> SplitArrays:
     try:
         archive = np.load(path, allow_pickle=False)  # never unpickle: the folder may come from anyone
@@ -210,6 +233,8 @@ def _read_npz(path: Path) -> SplitArrays:
     with archive:
         if "x" not in archive.files or "y" not in archive.files:
             raise _error(path, f"needs arrays 'x' and 'y', found {', '.join(archive.files) or 'none'}")
+        for name in ("x", "y"):
+            _check_npz_member(path, archive, name)
         try:
             x, y = archive["x"], archive["y"]
         except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
@@ -285,9 +310,14 @@ def _read_csv(path: Path, meta: FolderMeta) -> SplitArrays:
 
 
 def _check_rows(arrays: SplitArrays) -> None:
-    """Checks that need only this file: some rows, finite features, finite targets."""
+    """Checks that need only this file: some rows, some features, finite features (in float32, as trained),
+    finite targets (float32 too)."""
     if len(arrays.x) == 0:
         raise _error(arrays.path, "no rows; every split of every client needs at least one")
+    if arrays.x[0].size == 0:
+        raise _error(arrays.path, f"x rows have shape {tuple(arrays.x.shape[1:])}: no features")
+    if arrays.y.ndim > 1 and arrays.y[0].size == 0:
+        raise _error(arrays.path, f"y rows have shape {tuple(arrays.y.shape[1:])}: no targets")
     finite = np.isfinite(arrays.x.reshape(len(arrays.x), -1))
     bad_rows = np.flatnonzero(~finite.all(axis=1))
     if len(bad_rows):
@@ -296,9 +326,12 @@ def _check_rows(arrays: SplitArrays) -> None:
                   if arrays.columns is not None else "")
         raise _error(arrays.path, f"{arrays.at(row, 'x')}: features hold NaN or Inf{column}")
     if arrays.y.dtype.kind == "f":
-        bad_targets = np.flatnonzero(~np.isfinite(arrays.y.reshape(len(arrays.y), -1)).all(axis=1))
+        with np.errstate(over="ignore"):
+            as_trained = arrays.y.astype(np.float32)
+        bad_targets = np.flatnonzero(~np.isfinite(as_trained.reshape(len(arrays.y), -1)).all(axis=1))
         if len(bad_targets):
-            raise _error(arrays.path, f"{arrays.at(int(bad_targets[0]), 'y')}: target is NaN or Inf")
+            raise _error(arrays.path, f"{arrays.at(int(bad_targets[0]), 'y')}: target is NaN or Inf, or beyond "
+                                      f"float32's range (about 3.4e38)")
 
 
 def _check_labels(arrays: SplitArrays) -> np.ndarray:
@@ -355,7 +388,7 @@ def _read_graph(root: Path, client_ids: Sequence[str]) -> tuple[np.ndarray, np.n
                         weight = float(record[2])
                     except ValueError:
                         raise _error(path, f"line {line}: weight is not a number: {record[2]!r}") from None
-                    if not math.isfinite(weight) or weight <= 0:
+                    if not np.isfinite(np.float32(weight)) or weight <= 0:
                         raise _error(path, f"line {line}: weight must be finite and > 0, got {record[2].strip()}")
                 i, j = index[ends[0]], index[ends[1]]
                 if i == j:
@@ -410,6 +443,12 @@ def read_federation_folder(root: str | Path) -> FolderFederation:
         for arrays in everything:
             arrays.y = _check_labels(arrays)
         output_dim = max(int(arrays.y.max()) for arrays in everything) + 1
+        labelled = sum(len(arrays.y) for arrays in everything)
+        if output_dim > labelled:
+            # Classes are 0..C-1 with C = largest label + 1; one stray huge label would allocate C-wide outputs.
+            worst = max(everything, key=lambda arrays: int(arrays.y.max()))
+            raise _error(worst.path, f"label {output_dim - 1} means {output_dim:,} classes for {labelled:,} labelled "
+                                     f"rows; labels must be 0..C-1")
         if output_dim < 2:
             raise _error(root / CLIENTS_DIR, "every label is 0; classification needs at least two classes")
     else:

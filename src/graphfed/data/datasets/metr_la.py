@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,7 +94,7 @@ def read_speeds(path: Path, num_sensors: int = NUM_SENSORS) -> tuple[list[str], 
     try:
         with gzip.open(path, "rt", newline="", encoding="utf-8-sig") as fh:
             rows = [row for row in csv.reader(fh) if row]
-    except (OSError, EOFError) as err:  # not gzip, or truncated
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as err:  # not gzip, truncated, corrupt, not text
         raise ValueError(f"{path}: not a readable gzip file ({err})") from None
     if len(rows) < 2:
         raise ValueError(f"{path}: expected a header of sensor ids and at least one row, got {len(rows)} rows")

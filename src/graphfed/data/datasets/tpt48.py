@@ -90,8 +90,10 @@ def read_temperatures(path: Path, first: str = FIRST_MONTH,
     if len(set(codes)) != len(codes):
         dupes = sorted({c for c in codes if codes.count(c) > 1})
         raise ValueError(f"{path}: duplicate state codes {dupes}")
-    if not np.all(np.isfinite(table)):
-        raise ValueError(f"{path}: non-finite temperatures in {first}..{last}")
+    with np.errstate(over="ignore"):
+        as_trained = table.astype(np.float32)
+    if not np.all(np.isfinite(as_trained)):
+        raise ValueError(f"{path}: non-finite temperatures (or beyond float32's range) in {first}..{last}")
     return codes, table
 
 
@@ -139,6 +141,8 @@ def load_tpt48(data_dir: Path | str) -> TPT48Data:
     if hi <= lo:
         raise ValueError(f"{temp_path}: temperatures are constant over {FIRST_MONTH}..{LAST_MONTH}")
     scaled = (temps - lo) / (hi - lo)
+    if not np.all(np.isfinite(scaled)):
+        raise ValueError(f"{temp_path}: temperatures span {lo:g}..{hi:g}, too wide to scale")
     x, y = sliding_windows(scaled)
     edges = read_edges(folder / EDGES_FILE, codes)
     return TPT48Data(codes, x.astype(np.float32), y.astype(np.float32), edges, lo, hi)
