@@ -265,3 +265,212 @@ def test_a_client_whose_metric_is_infinite_is_named_and_the_summary_stays_json(t
     assert summary["test_mean"] is not None and summary["test_mean"] < 1e3
     for line in (out / "rounds.jsonl").read_text().splitlines():
         json.loads(line, **strict)
+
+
+# ---- validation holes: configs ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def demo_config(make_config: ConfigFactory, tmp_path: Path) -> Path:
+    path = tmp_path / "demo.yaml"
+    path.write_text(dump_config(make_config("fedavg", "train.rounds=2")))
+    return path
+
+
+@pytest.mark.parametrize(("overrides", "field"), [
+    (["model.options.hidden=-1"], "model.options.hidden"),
+    (["model.options.hidden=0"], "model.options.hidden"),
+    (["model.options.num_layers=0"], "model.options.num_layers"),
+    (["model.options.hiden=8"], "model.options.hiden"),
+    (["seed=-1"], "seed"),
+    (["train.rounds=true"], "train.rounds"),
+    (["train.batch_size=100000000"], "train.batch_size"),
+])
+def test_bad_values_exit_2_naming_the_field(demo_config: Path, tmp_path: Path, overrides: list[str],
+                                           field: str) -> None:
+    sets = [arg for text in overrides for arg in ("--set", text)]
+    result = invoke("run", demo_config, *sets, "--out", tmp_path / "out", "--no-progress")
+    assert result.exit_code == 2, result.output
+    assert one_error_line(result).startswith(f"error: {field}")
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"train: {rounds: 3\n", "not valid YAML"),
+    (b"\xff\xfetrain: 1\n", "not UTF-8"),
+    (b"train: {rounds: *undefined}\n", "not valid YAML"),
+])
+def test_broken_config_files_exit_2_naming_the_file(tmp_path: Path, content: bytes, message: str) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_bytes(content)
+    result = invoke("run", path, "--out", tmp_path / "out", "--no-progress")
+    assert result.exit_code == 2
+    line = one_error_line(result)
+    assert str(path) in line and message in line
+
+
+def test_empty_methods_and_unusable_out_are_refused_before_any_data_is_built(demo_config: Path,
+                                                                             tmp_path: Path) -> None:
+    empty = invoke("compare", demo_config, "--methods", "", "--out", tmp_path / "cmp")
+    assert empty.exit_code == 2 and "--methods" in one_error_line(empty)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder")
+    for args in (["run", demo_config], ["compare", demo_config, "--methods", "fedavg"]):
+        result = invoke(*args, "--out", a_file, "--no-progress")
+        assert result.exit_code == 2 and "not a directory" in one_error_line(result)
+    under_a_file = invoke("run", demo_config, "--out", a_file / "run", "--no-progress")
+    assert under_a_file.exit_code == 2 and "not a writable directory" in one_error_line(under_a_file)
+    assert a_file.read_text() == "not a folder"
+
+
+def test_more_clients_per_round_than_clients_is_recorded(make_config: ConfigFactory,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    from graphfed.sim.engine import run_config
+
+    summary = run_config(make_config("fedavg", "train.clients_per_round=500", "train.rounds=2"), progress=False)
+    assert summary["clients_per_round"] == 12
+    assert "train.clients_per_round is 500 but only 12 clients train" in caplog.text
+
+
+# ---- validation holes: data files ------------------------------------------------------------------------
+
+
+def _folder(tmp_path: Path, mutate: Any = None, regression: bool = False) -> Path:
+    """A small valid federation folder; ``mutate(clients)`` edits the arrays before writing."""
+    import numpy as np
+
+    from graphfed.data.datasets.folder import write_federation
+
+    rng = np.random.default_rng(0)
+
+    def split(rows: int) -> tuple[np.ndarray, np.ndarray]:
+        x = rng.normal(size=(rows, 3))
+        y = x.sum(1, keepdims=True) if regression else rng.integers(0, 3, rows)
+        return x, y
+
+    clients = {f"c{i}": {"train": split(12), "val": split(4), "test": split(4)} for i in range(3)}
+    if mutate is not None:
+        mutate(clients)
+    return write_federation(tmp_path / "fed", clients)
+
+
+def _run_folder(folder: Path, tmp_path: Path) -> Result:
+    config = tmp_path / "folder.yaml"
+    config.write_text(f"dataset: {{name: folder, data_dir: '{folder}'}}\nmethod: {{name: fedavg}}\n"
+                      "train: {rounds: 1, local_steps: 1, batch_size: 4, clients_per_round: 2}\n")
+    out = tmp_path / "out"
+    result = invoke("run", config, "--out", out, "--no-progress")
+    assert not out.exists()  # nothing written for bad input
+    return result
+
+
+def _huge_header_npz(path: Path) -> None:
+    """An .npz whose x claims 10^12 rows but stores a few bytes (numpy would try to allocate 12 TB)."""
+    import zipfile
+
+    import numpy as np
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (10**12, 3)})
+    y = io.BytesIO()
+    np.save(y, np.zeros(4, dtype=np.int64))
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("x.npy", header.getvalue() + b"\0" * 48)
+        archive.writestr("y.npy", y.getvalue())
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    ("huge_header", "claims shape (1000000000000, 3)"),
+    ("huge_label", "label 1000000000 means 1,000,000,001 classes"),
+    ("target_beyond_float32", "beyond float32's range"),
+    ("graph_weight_beyond_float32", "weight must be finite and > 0"),
+    ("zero_width_features", "no features"),
+    ("zero_width_targets", "no targets"),
+    ("non_utf8_csv", "cannot be read as CSV"),
+    ("control_characters", "must not hold control characters"),
+])
+def test_broken_federation_files_exit_2_with_one_line_naming_the_file(tmp_path: Path, case: str,
+                                                                      message: str) -> None:
+    import numpy as np
+
+    named = ""
+    if case == "huge_header":
+        folder = _folder(tmp_path)
+        _huge_header_npz(folder / "clients" / "c1" / "val.npz")
+        named = "c1/val.npz"
+    elif case == "huge_label":
+        folder = _folder(tmp_path, lambda c: c["c2"]["test"][1].__setitem__(0, 10**9))
+        named = "c2/test.npz"
+    elif case == "target_beyond_float32":
+        folder = _folder(tmp_path, lambda c: c["c0"]["train"][1].__setitem__((3, 0), 1e300), regression=True)
+        named = "c0/train.npz"
+    elif case == "graph_weight_beyond_float32":
+        folder = _folder(tmp_path)
+        (folder / "graph.csv").write_text("src,dst,weight\nc0,c1,1e39\n")
+        named = "graph.csv"
+    elif case == "zero_width_features":
+        folder = _folder(tmp_path, lambda c: c["c1"].__setitem__("train", (np.zeros((12, 0)), np.zeros(12, int))))
+        named = "c1/train.npz"
+    elif case == "zero_width_targets":
+        folder = _folder(tmp_path, lambda c: c["c1"].__setitem__("val", (np.zeros((4, 3)), np.zeros((4, 0)))),
+                         regression=True)
+        named = "c1/val.npz"
+    elif case == "non_utf8_csv":
+        folder = _folder(tmp_path)
+        (folder / "clients" / "c2" / "test.npz").unlink()
+        (folder / "clients" / "c2" / "test.csv").write_bytes(b"a,b,c,y\n1,2,3,\xff\n")
+        named = "c2/test.csv"
+    else:
+        folder = _folder(tmp_path)
+        (folder / "clients" / "c1").rename(folder / "clients" / "c\x1b[31m1")
+        named = "\\x1b[31m"
+    result = _run_folder(folder, tmp_path)
+    assert result.exit_code == 2, result.output
+    line = one_error_line(result)
+    assert message in line and named in line
+    assert "\x1b" not in result.output
+
+
+def test_corrupt_metr_la_gzip_names_the_file(tmp_path: Path) -> None:
+    import sys
+
+    from graphfed.config import ConfigError, DatasetConfig
+    from graphfed.data import build_federation
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_metr_la import SPEED_FILE, ramp, write_metr_la
+
+    folder = write_metr_la(tmp_path, ramp())
+    data = bytearray((folder / SPEED_FILE).read_bytes())
+    for index in range(40, len(data) - 20, 7):
+        data[index] ^= 0xA5
+    (folder / SPEED_FILE).write_bytes(bytes(data))
+    with pytest.raises(ConfigError) as err:
+        build_federation(DatasetConfig(name="metr-la-week", data_dir=str(tmp_path)), seed=0)
+    assert str(folder / SPEED_FILE) in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("counts", [[None], ["3"], [-1], [True]])
+def test_femnist_bad_sample_counts_name_the_shard(tmp_path: Path, counts: list[Any]) -> None:
+    from graphfed.data.datasets.femnist import read_leaf_shard
+
+    shard = tmp_path / "shard.json"
+    shard.write_text(json.dumps({"users": ["w0"], "num_samples": counts,
+                                 "user_data": {"w0": {"x": [[0.0] * 784], "y": [1]}}}))
+    with pytest.raises(ValueError, match="num_samples") as err:
+        read_leaf_shard(shard)
+    assert str(shard) in str(err.value)
+
+
+def test_tpt48_temperatures_beyond_float32_are_refused(tmp_path: Path) -> None:
+    import sys
+
+    from graphfed.config import ConfigError, DatasetConfig
+    from graphfed.data import build_federation
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_datasets import _write_small_tpt48
+
+    folder = _write_small_tpt48(tmp_path, bad_cell="1e308")
+    with pytest.raises(ConfigError, match="beyond float32's range") as err:
+        build_federation(DatasetConfig(name="tpt48", data_dir=str(tmp_path)), seed=0)
+    assert str(folder) in str(err.value)

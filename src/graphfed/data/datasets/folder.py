@@ -388,7 +388,7 @@ def _read_graph(root: Path, client_ids: Sequence[str]) -> tuple[np.ndarray, np.n
                         weight = float(record[2])
                     except ValueError:
                         raise _error(path, f"line {line}: weight is not a number: {record[2]!r}") from None
-                    if not np.isfinite(np.float32(weight)) or weight <= 0:
+                    if not math.isfinite(weight) or abs(weight) > float(np.finfo(np.float32).max) or weight <= 0:
                         raise _error(path, f"line {line}: weight must be finite and > 0, got {record[2].strip()}")
                 i, j = index[ends[0]], index[ends[1]]
                 if i == j:
