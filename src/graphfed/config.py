@@ -26,11 +26,15 @@ class _Strict(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        # YAML's `true` would otherwise pass as the integer 1 (train.rounds=true ran one round).
+    def _numbers_are_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # Lax coercion would read YAML's `true` as the integer 1 (train.rounds=true ran one round) and the
+        # quoted text "1" as a number; a number field takes a number.
         annotation = cls.model_fields[info.field_name].annotation if info.field_name else None
-        if isinstance(value, bool) and annotation is not bool and "bool" not in str(annotation):
+        numeric = annotation in (int, float) or str(annotation) in ("int | None", "float | None")
+        if numeric and isinstance(value, bool):
             raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
+        if numeric and isinstance(value, str):
+            raise ValueError(f"expected a number, got the text {value!r}")
         return value
 
 
