@@ -385,3 +385,110 @@ def test_deployment_run_survives_a_killed_supernode(deployment: Deployment) -> N
     output = run.log.read_text(errors="replace")
     assert "round 2: client 2 dropped" in output, procs.tails()
     assert "graphfed run completed" in output, procs.tails()
+
+
+# ---- (C) deployment with TLS and SuperNode authentication ---------------------------------------------------
+def write_certificates(folder: Path) -> tuple[Path, Path, Path]:
+    """A throw-away CA and a server certificate for 127.0.0.1/localhost signed by it: (ca, cert, key)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key, server_key = ec.generate_private_key(ec.SECP384R1()), ec.generate_private_key(ec.SECP384R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "graphfed test CA")])
+
+    def certificate(subject: x509.Name, key: ec.EllipticCurvePrivateKey, is_ca: bool) -> x509.Certificate:
+        builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(ca_name).public_key(key.public_key())
+                   .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(hours=2))
+                   .add_extension(x509.BasicConstraints(ca=is_ca, path_length=None), critical=True))
+        if not is_ca:
+            builder = builder.add_extension(x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        return builder.sign(ca_key, hashes.SHA256())
+
+    paths = folder / "ca.crt", folder / "server.pem", folder / "server.key"
+    paths[0].write_bytes(certificate(ca_name, ca_key, True).public_bytes(serialization.Encoding.PEM))
+    server_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    paths[1].write_bytes(certificate(server_name, server_key, False).public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(server_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                  serialization.NoEncryption()))
+    return paths
+
+
+def write_node_key(folder: Path, name: str) -> tuple[Path, Path]:
+    """A SuperNode's EC key pair in OpenSSH format, what Flower's node authentication reads: (private, public)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP384R1())
+    private, public = folder / name, folder / f"{name}.pub"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                          serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                     serialization.PublicFormat.OpenSSH))
+    return private, public
+
+
+@pytest.mark.slow
+def test_tls_with_supernode_authentication_admits_registered_nodes_only(tmp_path: Path,
+                                                                        processes: Processes) -> None:
+    """A SuperLink with TLS (a CA and server certificate generated here) and --enable-supernode-auth: the three
+    nodes whose public keys were registered with `flwr supernode register` connect over TLS and complete a
+    graphfed run; a fourth node with an unregistered key, claiming client 1, is refused and never serves."""
+    import ssl
+
+    ca, cert, key = write_certificates(tmp_path)
+    port, *node_ports = free_ports(2 + NUM_NODES)
+    home = tmp_path / "flwr-home"
+    home.mkdir()
+    (home / "config.toml").write_text(f'[superlink]\ndefault = "tls"\n\n[superlink.tls]\naddress = "127.0.0.1:{port}"\n'
+                                      f'root-certificates = "{ca}"\n')
+    superlink = processes.start("superlink", [
+        str(VENV_BIN / "flower-superlink"), "--ssl-ca-certfile", str(ca), "--ssl-certfile", str(cert),
+        "--ssl-keyfile", str(key), "--enable-supernode-auth", "--host", "127.0.0.1", "--port", str(port),
+        "--disable-runtime-dependency-installation"], processes.env(home))
+    context = ssl.create_default_context(cafile=str(ca))
+    deadline = time.monotonic() + SUPERLINK_START_TIMEOUT
+    while True:
+        assert superlink.alive(), f"flower-superlink exited\n{processes.tails()}"
+        try:
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/health", timeout=2, context=context) as reply:
+                if reply.status == 200:
+                    break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"TLS SuperLink not healthy\n{processes.tails()}")
+        time.sleep(0.5)
+
+    def start_node(name: str, private_key: Path, partition: int, node_port: int) -> Proc:
+        return processes.start(name, [
+            str(VENV_BIN / "flower-supernode"), "--root-certificates", str(ca), "--superlink", f"127.0.0.1:{port}",
+            "--auth-supernode-private-key", str(private_key), "--host", "127.0.0.1", "--port", str(node_port),
+            "--node-config", f"partition-id={partition} num-partitions={NUM_NODES}"],
+            processes.env(tmp_path / f"{name}-home"))
+
+    for partition in range(NUM_NODES):
+        private, public = write_node_key(tmp_path, f"node{partition}")
+        registered = run_flwr(processes, f"register{partition}", ["supernode", "register", str(public), "tls"],
+                              processes.env(home))
+        assert "registered successfully" in registered, processes.tails()
+        start_node(f"supernode{partition}", private, partition, node_ports[partition])
+    intruder_key, _ = write_node_key(tmp_path, "intruder")
+    intruder = start_node("intruder", intruder_key, 1, node_ports[NUM_NODES])
+    processes.wait(intruder, SUPERLINK_START_TIMEOUT, "the unregistered node")
+    assert intruder.popen.returncode != 0
+    assert "Failed to activate SuperNode" in intruder.log.read_text(errors="replace"), processes.tails()
+
+    app, results = write_app(tmp_path, "tls", "fedavg", cli=False)
+    output = run_flwr(processes, "flwr-run-tls", ["run", str(app), "tls", "--stream"], processes.env(home))
+    summary = read_summary(results, processes)
+    assert summary["status"] == "completed", processes.tails()
+    assert summary["dropped_clients"] == [] and summary["test_mean"] is not None
+    assert "3 of 3 clients have a node" in output, processes.tails()
