@@ -20,7 +20,15 @@ import torch
 from pydantic import Field
 
 from graphfed.methods.fedavg import FedAvg, FedAvgOptions
-from graphfed.sim.client import ClientRule, ClientSetting, LocalStep, Weights, require_grad, squared_distance
+from graphfed.sim.client import (
+    ClientRule,
+    ClientSetting,
+    LocalStep,
+    PersonalModelRule,
+    Weights,
+    require_grad,
+    squared_distance,
+)
 
 
 class DittoOptions(FedAvgOptions):
@@ -29,14 +37,11 @@ class DittoOptions(FedAvgOptions):
                                       "(default: train.lr)")
 
 
-class DittoRule(ClientRule):
+class DittoRule(PersonalModelRule):
     def __init__(self, setting: ClientSetting, lam: float, personal_lr: float | None) -> None:
         super().__init__(setting)
         self.lam = lam
         self.personal_lr = personal_lr
-
-    def init_state(self, received: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"personal": received.clone()}
 
     def start(self, received: Weights, state: dict[str, torch.Tensor]) -> dict[str, Weights]:
         return {"model": received, "personal": self.spec.unflatten(state["personal"])}
@@ -48,13 +53,6 @@ class DittoRule(ClientRule):
         personal_objective = local.loss(personal) + 0.5 * self.lam * squared_distance(personal, received)
         return {"model": local.descend(model, losses),
                 "personal": local.descend(personal, personal_objective, self.personal_lr)}, losses
-
-    def finish(self, tracks: dict[str, Weights], received: Weights,
-               state: dict[str, torch.Tensor]) -> tuple[Weights, dict[str, torch.Tensor]]:
-        return tracks["model"], {"personal": self.spec.flatten(tracks["personal"], batch_dims=1)}
-
-    def eval_weights(self, received: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
-        return state["personal"]
 
 
 class Ditto(FedAvg):

@@ -22,7 +22,15 @@ from pydantic import Field
 
 from graphfed.methods.base import MethodContext, MethodOptions
 from graphfed.methods.fedavg import FedAvg
-from graphfed.sim.client import ClientRule, ClientSetting, LocalStep, Weights, require_grad, squared_distance
+from graphfed.sim.client import (
+    ClientRule,
+    ClientSetting,
+    LocalStep,
+    PersonalModelRule,
+    Weights,
+    require_grad,
+    squared_distance,
+)
 
 
 class PFedMeOptions(MethodOptions):
@@ -32,13 +40,10 @@ class PFedMeOptions(MethodOptions):
     beta: float = Field(default=1.0, gt=0, description="server mixing: w <- (1-beta) w + beta * mean(w_k)")
 
 
-class PFedMeRule(ClientRule):
+class PFedMeRule(PersonalModelRule):
     def __init__(self, setting: ClientSetting, options: PFedMeOptions) -> None:
         super().__init__(setting)
         self.lam, self.inner_steps, self.personal_lr = options.lam, options.inner_steps, options.personal_lr
-
-    def init_state(self, received: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"personal": received.clone()}
 
     def start(self, received: Weights, state: dict[str, torch.Tensor]) -> dict[str, Weights]:
         return {"model": received, "personal": received}
@@ -60,13 +65,6 @@ class PFedMeRule(ClientRule):
         with torch.no_grad():
             model = {name: value - local.lr * self.lam * (value - personal[name]) for name, value in model.items()}
         return {"model": model, "personal": personal}, losses
-
-    def finish(self, tracks: dict[str, Weights], received: Weights,
-               state: dict[str, torch.Tensor]) -> tuple[Weights, dict[str, torch.Tensor]]:
-        return tracks["model"], {"personal": self.spec.flatten(tracks["personal"], batch_dims=1)}
-
-    def eval_weights(self, received: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
-        return state["personal"]
 
 
 class PFedMe(FedAvg):

@@ -252,6 +252,21 @@ class ClientRule:
         return None
 
 
+class PersonalModelRule(ClientRule):
+    """A rule whose clients keep a personal model beside the one they upload (Ditto's v, pFedMe's theta): the
+    track ``personal`` becomes the state after each round, and trained clients evaluate with it."""
+
+    def init_state(self, received: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"personal": received.clone()}
+
+    def finish(self, tracks: dict[str, Weights], received: Weights,
+               state: dict[str, torch.Tensor]) -> tuple[Weights, dict[str, torch.Tensor]]:
+        return tracks["model"], {"personal": self.spec.flatten(tracks["personal"], batch_dims=1)}
+
+    def eval_weights(self, received: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        return state["personal"]
+
+
 class LocalResult(NamedTuple):
     trained: torch.Tensor  # [S, dim], what the client's delta is computed from
     metrics: dict[str, torch.Tensor]  # each [S]; the rule's uploads too, each [S, *shape]
