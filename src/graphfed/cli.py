@@ -17,7 +17,6 @@ from rich.logging import RichHandler
 from rich.table import Table
 
 from graphfed.config import ConfigError, RunConfig, load_config, printable, validate_config
-from graphfed.sim.checkpoint import CheckpointError, RoundLog, atomic_write_text
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="graphfed: graph-relational personalised federated learning.")
@@ -69,6 +68,8 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 
 def _run_one(cfg: RunConfig, out: Path | None, resume: bool, progress: bool = True) -> dict[str, Any]:
+    # Imported per command: `graphfed --help` should not pay for torch.
+    from graphfed.sim.checkpoint import CheckpointError
     from graphfed.sim.engine import run_config
 
     try:
@@ -136,6 +137,7 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
     """Run several methods over several seeds; print one table of mean ± std over seeds."""
     from graphfed.report.plots import plot_comparison
     from graphfed.report.tables import HEADERS, compare_rows, markdown_table, row_cells
+    from graphfed.sim.checkpoint import RoundLog, atomic_write_text
 
     _setup_logging(verbose)
     base = _load(config, overrides)

@@ -39,7 +39,6 @@ from typing import Literal
 import torch
 from pydantic import Field
 from torch import nn
-from torch_geometric.nn import GATConv, GATv2Conv
 
 from graphfed.core.hypergrad import hypergradient_step
 from graphfed.core.rng import unit_direction
@@ -73,6 +72,8 @@ class PFedGAT(PersonalizedAggregation):
         self.options: PFedGATOptions = options
         dim, n = context.spec.dim, context.num_clients
         self.norm = nn.LayerNorm(dim)
+        from torch_geometric.nn import GATConv, GATv2Conv  # imported only where a GAT is built (slow import)
+
         layer = GATConv if options.attention == "gat" else GATv2Conv
         self.gat = layer(dim, options.head_dim, heads=options.heads, negative_slope=0.2, add_self_loops=False)
         params = [*self.norm.parameters(), *self.gat.parameters()]

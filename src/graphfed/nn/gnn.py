@@ -7,15 +7,17 @@ from typing import Literal
 
 import torch
 from torch import nn
-from torch_geometric.nn import GATConv, GCNConv, GINConv, GraphConv
-from torch_geometric.nn.conv.gcn_conv import gcn_norm
-from torch_geometric.utils import dense_to_sparse
+
+# torch_geometric is imported where a GNN is built, not with graphfed: it takes seconds to import, and
+# `graphfed --help`, `graphfed list` and every method without a GNN never need it.
 
 GNNKind = Literal["gcn", "gat", "gin", "graphconv"]
 GraphEdges = tuple[torch.Tensor, torch.Tensor]  # (edge_index [2, E], edge_weight [E])
 
 
 def _layer(kind: GNNKind, in_dim: int, out_dim: int) -> nn.Module:
+    from torch_geometric.nn import GATConv, GCNConv, GINConv, GraphConv
+
     if kind == "gcn":
         # The symmetric normalisation is computed once per graph in `prepare`, not in every forward.
         return GCNConv(in_dim, out_dim, normalize=False)
@@ -40,6 +42,9 @@ class GNNEncoder(nn.Module):
 
     def prepare(self, adjacency: torch.Tensor) -> GraphEdges:
         """Sparse edges of a dense ``[N, N]`` adjacency, GCN-normalised (with self loops) for ``gcn``."""
+        from torch_geometric.nn.conv.gcn_conv import gcn_norm
+        from torch_geometric.utils import dense_to_sparse
+
         edge_index, edge_weight = dense_to_sparse(adjacency)
         if self.kind == "gcn":
             edge_index, edge_weight = gcn_norm(edge_index, edge_weight, adjacency.shape[0], add_self_loops=True)
