@@ -339,7 +339,6 @@ def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data
     return LocalResult(trained_flat, metrics, {key: value.detach() for key, value in new_state.items()})
 
 
-
 def validation_feedback(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data: ClientSplit, task: Task,
                         training: LocalTraining, seeds: Sequence[int]) -> torch.Tensor:
     """What a client tells the server about the weights it was sent, measured on its validation split.
