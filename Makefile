@@ -28,6 +28,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/sim_throughput.py
+	$(BIN)/python benchmarks/startup.py
 	$(BIN)/graphfed bench benchmarks/suites/paper.yaml --out benchmarks/results/paper
 	$(BIN)/python benchmarks/aggregation_family.py
 	$(BIN)/python benchmarks/flower_overhead.py
