@@ -4,8 +4,9 @@ Algorithm 1 (FedPAC), per round t; the server holds the global body theta, globa
 one personalised head phi_i per client:
   client i receives (theta, phi_i) and the centroids;
     1. trains its head phi_i for ``head_steps`` steps with the body fixed (task loss);
-    2. trains the body for K steps with the head fixed on  CE + lam * ||f_theta(x) - c_y||^2  (feature alignment
-       to the global centroid of the sample's class, where one exists);
+    2. trains the body for K steps with the head fixed on  CE + lam * mean_f (f_theta(x) - c_y)^2  (feature
+       alignment to the global centroid of the sample's class, where one exists; mean over features, as the
+       reference's MSELoss);
     3. uploads theta_i, phi_i and the statistics of its features under the new body: class centroids c_{i,k},
        class counts n_{i,k} and the within-class feature variance V_i (divided by its row count: the variance of
        its estimate).
@@ -75,7 +76,9 @@ class FedPACRule(ClientRule):
         centroid = torch.gather(local.broadcast["centroids"], 1,
                                 labels.unsqueeze(-1).expand(-1, -1, self.num_features))
         known = torch.gather(local.broadcast["centroid_counts"], 1, labels) > 0
-        alignment = torch.where(known, (features - centroid).pow(2).sum(-1), 0.0).mean(1)
+        # Mean over features and rows, as the reference's nn.MSELoss: a sum over features would scale the pull
+        # with the feature width (200x at hidden 200).
+        alignment = torch.where(known, (features - centroid).pow(2).mean(-1), 0.0).mean(1)
         objective = losses + self.lam * alignment
         return {"model": local.descend(model, objective, names=self.setting.body)}, losses
 
