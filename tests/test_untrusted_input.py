@@ -474,3 +474,34 @@ def test_tpt48_temperatures_beyond_float32_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="beyond float32's range") as err:
         build_federation(DatasetConfig(name="tpt48", data_dir=str(tmp_path)), seed=0)
     assert str(folder) in str(err.value)
+
+
+# ---- a federation that cannot fit ---------------------------------------------------------------------------
+
+
+def test_a_federation_too_large_to_pad_stops_before_allocating(demo_config: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Splits are padded to the largest client: when that cannot fit in the available memory the run stops
+    before allocating, with exit 2 and one line giving the sizes and what to change."""
+    from graphfed.data import federation
+
+    monkeypatch.setattr(federation, "available_memory_bytes", lambda: 2**14)  # a machine with 16 KiB free
+    result = invoke("run", demo_config, "--set", "dataset.name=digits", "--set", "dataset.num_clients=10",
+                    "--out", tmp_path / "out", "--no-progress")
+    assert result.exit_code == 2, result.output
+    line = one_error_line(result)
+    assert "padding 10 clients to the largest client's" in line and "GiB is available" in line
+    assert "dataset.num_clients" in line and "dataset.dirichlet_beta" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_padding_check_counts_clients_times_the_largest_client() -> None:
+    from graphfed.config import ConfigError
+    from graphfed.data import federation
+
+    federation.check_padding_fits(20, 100, 16, 500)  # 32 KB: fits anywhere
+    available = federation.available_memory_bytes()
+    assert available is None or available > 0
+    if available is not None:
+        with pytest.raises(ConfigError, match=r"needs .* GiB for one split"):
+            federation.check_padding_fits(20, available // 16, 16, 1000)

@@ -7,6 +7,7 @@ indices below ``counts[i]`` and evaluation masks rows ``>= counts[i]``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -15,6 +16,37 @@ import numpy as np
 import torch
 
 Task = Literal["classification", "regression"]
+
+
+def available_memory_bytes() -> int | None:
+    """Memory the kernel says a new allocation can use (``MemAvailable``), or None where it does not say."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_padding_fits(clients: int, width: int, bytes_per_row: int, real_rows: int) -> None:
+    """Stop before padding a split that cannot fit in memory, and say what to change.
+
+    Splits are padded to the largest client, so memory grows with clients x largest client: an imbalanced
+    federation (one huge client beside small ones) needs far more than its data."""
+    needed = clients * width * bytes_per_row
+    available = available_memory_bytes()
+    if available is None or needed <= 0.8 * available:
+        return
+    from graphfed.config import ConfigError
+
+    raise ConfigError(
+        f"dataset: padding {clients} clients to the largest client's {width:,} rows needs {needed / 2**30:.1f} GiB "
+        f"for one split ({real_rows:,} real rows, {real_rows * bytes_per_row / 2**30:.2f} GiB); "
+        f"{available / 2**30:.1f} GiB is available. Use fewer clients (dataset.num_clients), a less imbalanced "
+        f"partition (dataset.dirichlet_beta, dataset.min_samples_per_client), split the largest client, or a "
+        f"machine with more memory")
 
 
 @dataclass
@@ -58,6 +90,8 @@ class ClientSplit:
         width = max(int(counts.max()), 1)
         feat_shape = next((tuple(x.shape[1:]) for x in xs_t if x.ndim > 1), ())
         tgt_shape = next((tuple(y.shape[1:]) for y in ys_t if y.ndim > 1), ())
+        check_padding_fits(len(xs_t), width, math.prod(feat_shape) * 4 + math.prod(tgt_shape) * y_dtype.itemsize,
+                           int(counts.sum()))
         x_pad = torch.zeros((len(xs_t), width, *feat_shape), dtype=torch.float32)
         y_pad = torch.zeros((len(ys_t), width, *tgt_shape), dtype=y_dtype)
         for i, (x, y) in enumerate(zip(xs_t, ys_t, strict=True)):
