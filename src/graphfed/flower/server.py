@@ -21,7 +21,7 @@ from flwr.serverapp import Grid
 from graphfed.config import RunConfig
 from graphfed.flower import protocol
 from graphfed.sim.client import ClientScores, LocalTraining
-from graphfed.sim.engine import Setup, local_training
+from graphfed.sim.engine import Setup
 from graphfed.sim.executor import ClientExecutor, TrainResult
 
 log = logging.getLogger("graphfed.flower")
@@ -33,7 +33,7 @@ class FlowerExecutor(ClientExecutor):
         self.config = config
         self.dim = setup.spec.dim
         self.num_clients = setup.federation.num_clients
-        self.training: LocalTraining = local_training(config, setup.method)
+        self.training: LocalTraining = setup.client_rule.setting.training  # what the simulator's clients run
         #: what each node must upload besides its delta (its client rule's extra arrays), checked on arrival
         self.upload_shapes = setup.client_rule.upload_shapes()
         self.node_of_client: dict[int, int] = {}

@@ -218,17 +218,21 @@ class ClientRuntime(ClientExecutor):
         """Predictions of the rule's ``eval_forward`` for clients that trained, the model's for the others."""
         trained = self.store.has_trained(client_ids)
         train = self.federation.train.select(client_ids)
+        state = self.store.get(client_ids)  # gathered once, sliced per chunk
 
         def forward(weights: Weights, x: torch.Tensor, rows: slice) -> torch.Tensor:
-            plain = self.model.batched_forward(weights, x)
-            if not trained[rows].any():
-                return plain
+            uses_rule = trained[rows]
+            if not uses_rule.any():
+                return self.model.batched_forward(weights, x)
             chunk = torch.arange(rows.start, rows.stop)
-            state = {name: value[chunk] for name, value in self.store.get(client_ids).items()}
-            own = self.rule.eval_forward(self.model, weights, x, train.select(chunk), state)
+            own = self.rule.eval_forward(self.model, weights, x, train.select(chunk),
+                                         {name: value[chunk] for name, value in state.items()})
             if own is None:
-                return plain
-            return torch.where(trained[rows].view(-1, *[1] * (plain.ndim - 1)), own, plain)
+                return self.model.batched_forward(weights, x)
+            if uses_rule.all():  # the model's own forward would be thrown away
+                return own
+            plain = self.model.batched_forward(weights, x)
+            return torch.where(uses_rule.view(-1, *[1] * (plain.ndim - 1)), own, plain)
 
         return forward
 
