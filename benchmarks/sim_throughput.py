@@ -39,7 +39,7 @@ from torch import nn
 from graphfed.config import DatasetConfig
 from graphfed.core.params import ParamSpec
 from graphfed.data import build_federation
-from graphfed.data.federation import ClientSplit
+from graphfed.data.federation import ClientSplit, PaddedRows
 from graphfed.methods.ditto import DittoRule
 from graphfed.models.mlp import MLP
 from graphfed.sim.client import ClientSetting, LocalTraining, draw_batch_indices, train_clients
@@ -121,7 +121,7 @@ def run_ditto_loop(work: Workload, modules: list[tuple[nn.Module, torch.optim.Op
     personal_modules = make_client_modules(work)
     for client, ((module, optimizer), (personal, personal_optimizer)) in enumerate(
             zip(modules, personal_modules, strict=True)):
-        x, y = work.data.x[client], work.data.y[client]
+        x, y = work.data.client(client)
         anchor = work.start[client]
         for step in range(work.training.steps):
             batch = indices[step, client]
@@ -150,7 +150,7 @@ def run_loop(work: Workload, modules: list[tuple[nn.Module, torch.optim.Optimize
              indices: torch.Tensor) -> torch.Tensor:
     """The plain baseline: each client trains its own module with its own optimizer."""
     for client, (module, optimizer) in enumerate(modules):
-        x, y = work.data.x[client], work.data.y[client]
+        x, y = work.data.client(client)
         for step in range(work.training.steps):
             batch = indices[step, client]
             optimizer.zero_grad(set_to_none=True)
@@ -159,14 +159,14 @@ def run_loop(work: Workload, modules: list[tuple[nn.Module, torch.optim.Optimize
     return torch.stack([nn.utils.parameters_to_vector(module.parameters()).detach() for module, _ in modules])
 
 
-def run_hand_batched(work: Workload, indices: torch.Tensor) -> torch.Tensor:
+def run_hand_batched(work: Workload, indices: torch.Tensor, padded: PaddedRows) -> torch.Tensor:
     """A hand-written reference: the 3-layer MLP as explicit baddbmm calls on per-layer weight tensors.
 
     It is what one would write for this one model by hand; graphfed's engine is generic (any model's
     ``batched_forward``, flat parameter rows, per-client seeds), so this bounds what the engine could gain.
     """
     weights = [value.clone() for value in work.spec.unflatten(work.start).values()]
-    x, y = work.data.x, work.data.y
+    x, y = padded.x, padded.y  # clients on a padded axis, prepared untimed
     for step in range(work.training.steps):
         batch = indices[step]
         h = torch.gather(x, 1, batch.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
@@ -223,7 +223,8 @@ def measure(clients: int, steps: int, repeats: int, seed: int) -> dict[str, Any]
     indices = draw_indices(work)
     vectorised = Timed(lambda _: run_vectorised(work), lambda: None)
     loop = Timed(lambda modules: run_loop(work, modules, indices), lambda: make_client_modules(work))
-    hand = Timed(lambda _: run_hand_batched(work, indices), lambda: None)
+    padded = work.data.padded()
+    hand = Timed(lambda _: run_hand_batched(work, indices, padded), lambda: None)
     ditto = Timed(lambda _: run_ditto_vectorised(work), lambda: None)
     ditto_loop = Timed(lambda modules: run_ditto_loop(work, modules, indices), lambda: make_client_modules(work))
     time_interleaved([vectorised, loop, hand, ditto, ditto_loop], repeats)

@@ -39,6 +39,7 @@ from graphfed.data.datasets.cifar10 import (
 from graphfed.data.datasets.femnist import carve_validation, load_femnist
 from graphfed.models import MODELS, build_model
 from graphfed.models.base import TargetModel
+from graphfed.models.cnn import SmallCNN
 from graphfed.models.lenet import LeNet
 from graphfed.sim.engine import run_config
 
@@ -559,20 +560,26 @@ def test_lenet_shapes_and_parameter_count() -> None:
         LeNet((3, 32, 32), 10, hidden2=0)
 
 
-def test_lenet_batched_forward_matches_per_client_modules() -> None:
+@pytest.mark.parametrize("name", ["lenet", "cnn"])
+def test_grouped_convolution_forward_and_gradients_match_per_client_modules(name: str) -> None:
+    """The grouped-convolution kernel gives every client its own module's outputs and its own gradients."""
     torch.manual_seed(0)
-    model = LeNet((3, 32, 32), 10)
-    assert model.clients_in_loop
-    params = _per_client_params(model, 3)
+    model = LeNet((3, 32, 32), 10) if name == "lenet" else SmallCNN((3, 32, 32), 10, channels=6, hidden=12)
+    params = {n: v.requires_grad_(True) for n, v in _per_client_params(model, 3).items()}
     x = torch.rand(3, 5, 3, 32, 32, generator=torch.Generator().manual_seed(2))
     batched = model.batched_forward(params, x)
     assert batched.shape == (3, 5, 10)
+    grads = torch.autograd.grad(batched.pow(2).sum(), list(params.values()))
     for s in range(3):
         module = copy.deepcopy(model)
         with torch.no_grad():
-            for name, value in params.items():
-                module.get_parameter(name).copy_(value[s])
-        torch.testing.assert_close(batched[s], module(x[s]).detach(), atol=1e-5, rtol=1e-5)
+            for n, value in params.items():
+                module.get_parameter(n).copy_(value[s])
+        out = module(x[s])
+        torch.testing.assert_close(batched[s], out.detach(), atol=1e-5, rtol=1e-5)
+        out.pow(2).sum().backward()
+        for (n, _), grad in zip(params.items(), grads, strict=True):
+            torch.testing.assert_close(grad[s], module.get_parameter(n).grad, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(batched[s], functional_call(model, {n: v[s] for n, v in params.items()}, (x[s],)))
     torch.testing.assert_close(batched, TargetModel.batched_forward(model, params, x), atol=1e-5, rtol=1e-5)  # vmap
 

@@ -135,6 +135,26 @@ def test_list_shows_every_method_with_its_option_defaults() -> None:
     assert "ditto: method.options" in detailed.stdout and "pull of the personal model" in detailed.stdout
 
 
+def test_the_committed_catalogue_matches_the_registries() -> None:
+    """``graphfed list`` and ``describe`` read catalogue.json so they need no torch; it must say exactly what the
+    registries say. After changing a method, model or dataset: ``.venv/bin/python -m graphfed.catalogue``."""
+    from graphfed import catalogue
+
+    assert catalogue.CATALOGUE.read_text(encoding="utf-8") == catalogue.render(catalogue.build()), (
+        "src/graphfed/catalogue.json is stale: run `.venv/bin/python -m graphfed.catalogue` and commit it")
+
+
+def test_list_and_help_answer_without_importing_torch() -> None:
+    """The look-up commands start in a fraction of a second: neither imports torch (or torch_geometric)."""
+    probe = ("import sys; from graphfed import cli; sys.argv = ['graphfed', {args}]\n"
+             "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
+             "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)")
+    for args in ("'list'", "'--help'", "'describe', 'panacea'"):
+        done = subprocess.run([sys.executable, "-c", probe.format(args=args)], capture_output=True, text=True,
+                              check=True)
+        assert done.stderr.strip().splitlines()[-1] == "NO-TORCH", (args, done.stderr[-500:])
+
+
 def test_describe_prints_the_algorithm_and_options_and_refuses_unknown_methods() -> None:
     result = invoke("describe", "pfedme")
     assert result.exit_code == 0, result.output

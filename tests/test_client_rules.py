@@ -204,12 +204,13 @@ def test_knn_per_interpolates_the_model_with_a_neighbour_vote() -> None:
     ids = torch.nonzero(simulator.executor.store.trained).flatten()
     weights = spec.unflatten(simulator.setup.method.eval_weights(ids))
     train = simulator.setup.federation.train.select(ids)
-    plain = model.batched_forward(weights, train.x)
-    mixed = rule.eval_forward(model, weights, train.x, train, {})
+    rows = train.padded()
+    plain = model.batched_forward(weights, rows.x)
+    mixed = rule.eval_forward(model, weights, rows.x, train, {})
     torch.testing.assert_close(mixed.softmax(-1), plain.softmax(-1), atol=1e-5, rtol=1e-5)
     rule.lam = 1.0
-    vote = rule.eval_forward(model, weights, train.x, train, {}).argmax(-1)
-    assert (vote == train.y)[train.mask()].float().mean() > 0.95
+    vote = rule.eval_forward(model, weights, rows.x, train, {}).argmax(-1)
+    assert (vote == rows.y)[rows.mask].float().mean() > 0.95
 
 
 def test_fedpac_collaboration_weights_solve_the_qp() -> None:
@@ -249,8 +250,15 @@ def test_fedpac_aligns_features_to_broadcast_centroids_and_uploads_statistics() 
     assert broadcast["centroids"].abs().sum() == 0  # nothing learned yet: no alignment in round 1
     result = simulator.executor.train(ids, sent, 0, "local_training", broadcast=broadcast)
     train = simulator.setup.federation.train.select(ids)
-    labels = torch.nn.functional.one_hot(torch.where(train.mask(), train.y, 0), 10) * train.mask().unsqueeze(-1)
-    torch.testing.assert_close(result.metrics["class_counts"], labels.sum(1).float())
+    labels = torch.stack([torch.bincount(train.client(s)[1], minlength=10) for s in range(len(ids))])
+    torch.testing.assert_close(result.metrics["class_counts"], labels.float())
+    model, spec = simulator.setup.model, simulator.setup.spec
+    x, y = train.client(0)  # the first client's centroids, directly from its trained model's features
+    trained = {n: v[0] for n, v in spec.unflatten(sent - result.delta).items()}
+    features = torch.func.functional_call(model, trained, (x,), {"features_only": True})
+    first_class = int(y[0])
+    torch.testing.assert_close(result.metrics["centroids"][0, first_class], features[y == first_class].mean(0),
+                               atol=1e-5, rtol=1e-5)
     method.update(ids, sent, result.delta, result.metrics)
     counts = result.metrics["class_counts"]
     expected = (counts.unsqueeze(-1) * result.metrics["centroids"]).sum(0) / counts.sum(0).clamp_min(1).unsqueeze(-1)

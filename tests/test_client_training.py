@@ -45,11 +45,7 @@ def _split(counts: list[int], feature_shape: tuple[int, ...], task: Task, out: i
         y = torch.randint(0, out, (len(counts), width), generator=g)
     else:
         y = torch.randn(len(counts), width, out, generator=g)
-    mask = torch.arange(width).unsqueeze(0) < torch.tensor(counts).unsqueeze(1)
-    # padding as ClientSplit.from_lists makes it: zeros
-    x = x * mask.view(*mask.shape, *([1] * len(feature_shape)))
-    y = y * (mask if task == "classification" else mask.unsqueeze(-1))
-    return ClientSplit(x, y, torch.tensor(counts))
+    return ClientSplit.from_padded(x, y, torch.tensor(counts))
 
 
 def _mlp_classifier() -> TargetModel:
@@ -120,7 +116,8 @@ def reference_training(case: Case, start: torch.Tensor, training: LocalTraining,
         for s, (module, optimizer) in enumerate(zip(modules, optimizers, strict=True)):
             if int(data.counts[s]) == 0:
                 continue
-            loss = direct_loss(module(data.x[s, index[s]]), data.y[s, index[s]], case.task)
+            client_x, client_y = data.client(s)
+            loss = direct_loss(module(client_x[index[s]]), client_y[index[s]], case.task)
             objective = loss
             if prox_mu > 0:
                 current = spec.flatten(dict(module.named_parameters()))
@@ -223,16 +220,16 @@ def test_client_without_training_rows_keeps_its_weights() -> None:
     assert all(not torch.allclose(trained[s], start[s]) for s in (0, 2, 3))
 
 
-def _repad(data: ClientSplit, fill: Callable[[torch.Tensor], torch.Tensor], task: Task) -> ClientSplit:
-    """The same split with every padding row (x and y) replaced by ``fill(like)``."""
-    mask = data.mask()
-    x_mask = mask.view(*mask.shape, *([1] * (data.x.ndim - 2)))
-    x = torch.where(x_mask, data.x, fill(data.x))
-    if task == "classification":
-        y = torch.where(mask, data.y, torch.randint_like(data.y, 0, 3))
-    else:
-        y = torch.where(mask.view(*mask.shape, *([1] * (data.y.ndim - 2))), data.y, fill(data.y))
-    return ClientSplit(x, y, data.counts)
+def _between_poisoned_clients(data: ClientSplit, fill: Callable[[torch.Tensor], torch.Tensor]) -> ClientSplit:
+    """The same clients stored between clients whose rows all hold ``fill`` values (e.g. NaN), then selected:
+    rows of clients outside a selection share the storage but must never be read."""
+    xs, ys = [], []
+    for s in range(data.num_clients):
+        x, y = data.client(s)
+        xs += [fill(torch.zeros(4, *x.shape[1:])), x]
+        ys += [torch.zeros(4, *y.shape[1:], dtype=y.dtype), y]
+    task = "classification" if not data.y.is_floating_point() else "regression"
+    return ClientSplit.from_lists(xs, ys, task).select(torch.arange(1, 2 * data.num_clients, 2))
 
 
 def _random_fill(like: torch.Tensor) -> torch.Tensor:
@@ -244,28 +241,36 @@ def _nan_fill(like: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_padding_values_never_influence_training(name: str) -> None:
-    """Replacing padding rows by arbitrary values leaves trained weights and losses of real clients unchanged."""
+def test_rows_of_other_clients_never_influence_training(name: str) -> None:
+    """Clients selected out of a split whose other rows hold arbitrary values train exactly as on their own."""
     case = make_case(name, counts=[3, 11, 0, 20])
     training = LocalTraining(steps=5, batch_size=6, lr=0.1)
     base, base_metrics, start = run_vectorised(case, training)
-    repadded, metrics, _ = run_vectorised(case, training, data=_repad(case.data, _random_fill, case.task))
-    assert torch.equal(repadded, base)
-    assert torch.equal(repadded[2], start[2])
+    selected, metrics, _ = run_vectorised(case, training, data=_between_poisoned_clients(case.data, _random_fill))
+    assert torch.equal(selected, base)
+    assert torch.equal(selected[2], start[2])
     for key in ("loss_first", "loss_last"):
-        assert torch.equal(metrics[key][[0, 1, 3]], base_metrics[key][[0, 1, 3]])
+        assert torch.equal(metrics[key], base_metrics[key])
 
 
-def test_nan_padding_is_never_read_by_training() -> None:
-    """federation.py promises 'padding rows are never read'. A client with no training rows must come back
-    unchanged (and finite) even when the padding holds NaN; today its padding row 0 is drawn, and NaN * 0
-    in the masked gradient turns its weights into NaN."""
+def test_a_client_without_rows_never_reads_its_neighbours_nan_rows() -> None:
+    """A client with no training rows comes back unchanged and finite even when the rows stored next to its
+    (empty) range are NaN: its mini-batch is zeros, never a neighbour's rows."""
     case = make_case("mlp", counts=[3, 11, 0, 20])
     training = LocalTraining(steps=3, batch_size=4, lr=0.1)
     base, _, start = run_vectorised(case, training)
-    trained, _, _ = run_vectorised(case, training, data=_repad(case.data, _nan_fill, case.task))
+    trained, _, _ = run_vectorised(case, training, data=_between_poisoned_clients(case.data, _nan_fill))
     assert torch.equal(trained[2], start[2])
     assert torch.equal(trained, base)
+
+
+def test_select_shares_the_rows_instead_of_copying_them() -> None:
+    """Choosing a round's clients copies no rows (memory stays the data, not clients x largest client)."""
+    data = make_case("mlp", counts=[3, 11, 0, 20]).data
+    chosen = data.select(torch.tensor([3, 0]))
+    assert chosen.x.data_ptr() == data.x.data_ptr() and chosen.y.data_ptr() == data.y.data_ptr()
+    torch.testing.assert_close(chosen.client(0)[0], data.client(3)[0], rtol=0, atol=0)
+    assert len(data.x) == 34  # 3 + 11 + 0 + 20 rows, no padding
 
 
 def direct_scores(case: Case, weights: torch.Tensor) -> tuple[list[float], list[float], float]:
@@ -341,16 +346,32 @@ def test_evaluation_in_chunks_equals_evaluation_in_one_pass() -> None:
 
 @pytest.mark.parametrize(("name", "fill"), [*((name, "random") for name in CASES),
                                            ("mlp", "nan"), ("mlp-regression", "nan")])
-def test_padding_values_never_influence_evaluation(name: str, fill: str) -> None:
-    """Padding rows change no metric, loss or pooled figure: arbitrary finite values, and NaN too (the mask
-    must select, not multiply: NaN * 0 is NaN)."""
+def test_rows_of_other_clients_never_influence_evaluation(name: str, fill: str) -> None:
+    """Rows outside the selected clients change no metric, loss or pooled figure: arbitrary finite values, and
+    NaN too (the block mask must select, not multiply: NaN * 0 is NaN)."""
     case = make_case(name)
     model = case.make_model()
     spec = ParamSpec.from_module(model)
     weights = start_weights(model, spec, 4)
     base = evaluate_clients(model, spec, weights, case.data, case.task)
     filler = _random_fill if fill == "random" else _nan_fill
-    repadded = evaluate_clients(model, spec, weights, _repad(case.data, filler, case.task), case.task)
-    torch.testing.assert_close(repadded.metric, base.metric)
-    torch.testing.assert_close(repadded.loss, base.loss)
-    assert repadded.pooled == pytest.approx(base.pooled)
+    selected = evaluate_clients(model, spec, weights, _between_poisoned_clients(case.data, filler), case.task)
+    torch.testing.assert_close(selected.metric, base.metric)
+    torch.testing.assert_close(selected.loss, base.loss)
+    assert selected.pooled == pytest.approx(base.pooled)
+
+
+def test_evaluation_blocks_cover_every_row_once_however_unequal_the_clients() -> None:
+    """One client 200x larger than the others: blocks are fixed-size, each from one client, and together they
+    hold every real row exactly once."""
+    counts = torch.tensor([2000, 3, 0, 10, 1])
+    data = ClientSplit.from_lists([torch.arange(int(c), dtype=torch.float32).unsqueeze(1) + 10_000 * i
+                                   for i, c in enumerate(counts)],
+                                  [torch.zeros(int(c), dtype=torch.int64) for c in counts], "classification")
+    seen = []
+    for block in data.blocks(block_rows=16, blocks_per_chunk=7):
+        assert block.x.shape[:2] == (len(block.owner), 16) and len(block.owner) <= 7
+        seen += [(int(owner), float(value)) for owner, value, keep in zip(
+            block.owner.repeat_interleave(16), block.x.flatten(), block.mask.flatten(), strict=True) if keep]
+    expected = [(i, float(10_000 * i + r)) for i, c in enumerate(counts) for r in range(int(c))]
+    assert sorted(seen) == sorted(expected)

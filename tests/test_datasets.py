@@ -159,7 +159,7 @@ def test_tpt48_real_files_random_split() -> None:
     assert fed.train.counts.tolist() == [93] * 48
     assert fed.val.counts.tolist() == [13] * 48
     assert fed.test.counts.tolist() == [27] * 48
-    assert fed.train.x.shape == (48, 93, 6) and fed.train.y.shape == (48, 93, 6)
+    assert fed.train.padded().x.shape == (48, 93, 6) and fed.train.padded().y.shape == (48, 93, 6)
     values = torch.cat([torch.cat([s.x.flatten(), s.y.flatten()]) for s in (fed.train, fed.val, fed.test)])
     assert float(values.min()) == 0.0 and float(values.max()) == pytest.approx(1.0)
     adj = fed.client_graph
@@ -178,8 +178,8 @@ def test_tpt48_windows_and_chronological_split() -> None:
     assert np.array_equal(data.y[:, :-6], data.x[:, 6:])
     fed = build_federation(DatasetConfig(name="tpt48", data_dir=str(SHARED_DATA), split_mode="chronological"),
                            seed=0)
-    assert torch.equal(fed.train.x, torch.as_tensor(data.x[:, :93]))
-    assert torch.equal(fed.test.y, torch.as_tensor(data.y[:, 106:]))
+    assert torch.equal(fed.train.padded().x, torch.as_tensor(data.x[:, :93]))
+    assert torch.equal(fed.test.padded().y, torch.as_tensor(data.y[:, 106:]))
 
 
 def test_tpt48_missing_data_dir_names_the_path(tmp_path: Path) -> None:

@@ -335,7 +335,7 @@ def _regression_federation(num_clients: int = 6, seed: int = 0) -> Federation:
     for rows in (30, 10, 10):
         x = torch.randn(num_clients, rows, 3, generator=g)
         y = x @ maps + 0.3 * torch.randn(num_clients, rows, 2, generator=g)
-        splits.append(ClientSplit(x, y, torch.full((num_clients,), rows)))
+        splits.append(ClientSplit.from_padded(x, y, torch.full((num_clients,), rows)))
     return Federation(name="toy-regression", task="regression", train=splits[0], val=splits[1], test=splits[2],
                       input_shape=(3,), output_dim=2, metric="mse")
 

@@ -133,7 +133,7 @@ def test_npz_regression_with_vector_targets_and_meta_task(tmp_path: Path) -> Non
     write_federation(tmp_path / "fed", clients, meta={"task": "regression"})
     fed = load_federation(tmp_path / "fed")
     assert (fed.task, fed.output_dim, fed.input_shape) == ("regression", 5, (2, 3))
-    assert fed.train.y.dtype == torch.float32 and fed.train.y.shape == (2, 4, 5)
+    assert fed.train.y.dtype == torch.float32 and fed.train.padded().y.shape == (2, 4, 5)
 
 
 def test_float_labels_are_accepted_for_classification_when_integral(tmp_path: Path) -> None:

@@ -220,7 +220,8 @@ def test_real_mnist_federation_shapes_range_and_label_counts() -> None:
     fed = build_federation(DatasetConfig(name="mnist", data_dir=str(SHARED_DATA), partition="iid"), seed=0)
     assert fed.num_clients == 20 and fed.input_shape == (1, 28, 28) and fed.output_dim == 10
     assert fed.client_graph is None and fed.client_groups is None
-    assert fed.train.x.shape == (20, 2450, 1, 28, 28) and fed.train.x.dtype == torch.float32
+    assert fed.train.x.shape == (49_000, 1, 28, 28) and fed.train.counts.tolist() == [2450] * 20
+    assert fed.train.x.dtype == torch.float32
     assert float(fed.train.x.min()) == 0.0 and float(fed.train.x.max()) == 1.0
     labels = np.concatenate([_pooled_labels(fed, i) for i in range(fed.num_clients)])
     assert len(labels) == 70_000
@@ -334,7 +335,7 @@ def test_cnn_bn_evaluation_on_padded_clients_equals_unpadded_forward() -> None:
     params = _client_params(model, 3)
     weights = spec.flatten(params, batch_dims=1)
     scores = evaluate_clients(model, spec, weights, data, "classification")
-    padded = model.vmap_forward(params, data.x)
+    padded = model.vmap_forward(params, data.padded().x)
     for s in range(3):
         logits = functional_call(model, {n: v[s] for n, v in params.items()}, (xs[s],))
         torch.testing.assert_close(padded[s, : counts[s]], logits, atol=1e-5, rtol=1e-5)

@@ -88,17 +88,18 @@ def test_real_week_federation_shapes_graph_and_scale(real_fed: Federation) -> No
     assert fed.train.counts.tolist() == [1388] * SENSORS
     assert fed.val.counts.tolist() == [179] * SENSORS
     assert fed.test.counts.tolist() == [380] * SENSORS
-    assert fed.train.x.shape == (SENSORS, 1388, 12) and fed.test.y.shape == (SENSORS, 380, 12)
+    train = fed.train.padded()
+    assert train.x.shape == (SENSORS, 1388, 12) and fed.test.padded().y.shape == (SENSORS, 380, 12)
     assert int(fed.novel_mask.sum()) == 41
     # Stride 1: window t's targets are window t+12's inputs.
-    assert torch.equal(fed.train.y[:, :-12], fed.train.x[:, 12:])
+    assert torch.equal(train.y[:, :-12], train.x[:, 12:])
     # Min-max over the training segment: it spans exactly [0, 1]; speeds 1.125..70 mph in this week.
     train_values = torch.cat([fed.train.x.flatten(), fed.train.y.flatten()])
     assert float(train_values.min()) == 0.0 and float(train_values.max()) == pytest.approx(1.0)
     assert fed.target_scale == pytest.approx(70.0 - 1.125)
     # Orientation: sensor c's first window is that sensor's column of the speed file, time along the window.
     _, raw = read_speeds(SHARED_DATA / FOLDER / SPEED_FILE)
-    np.testing.assert_allclose(fed.train.x[:, 0].numpy() * fed.target_scale + 1.125, raw[:, :12], atol=1e-4)
+    np.testing.assert_allclose(train.x[:, 0].numpy() * fed.target_scale + 1.125, raw[:, :12], atol=1e-4)
     adj = fed.client_graph
     assert adj is not None
     assert torch.equal(adj, adj.T) and torch.all(adj.diagonal() == 0)
@@ -135,7 +136,7 @@ def test_windows_never_straddle_the_chronological_split(tmp_path: Path) -> None:
 
     for name, split, first, last in (("train", fed.train, 0, 89), ("val", fed.val, 90, 119),
                                      ("test", fed.test, 120, 149)):
-        x_t, y_t = times(split.x), times(split.y)
+        x_t, y_t = times(split.padded().x), times(split.padded().y)
         # Every window is 24 consecutive steps: inputs then targets.
         assert torch.equal(torch.cat([x_t, y_t], dim=-1)[0], x_t[0, :, :1] + torch.arange(24)), name
         # ...and lies wholly inside its segment, covering it from the first to the last step.
@@ -299,7 +300,7 @@ def test_gru_registry_parameter_count_and_task_check(tmp_path: Path) -> None:
     fed = fed_from(tmp_path)
     model = build_model("gru", fed)
     assert sum(p.numel() for p in model.parameters()) == 32_112  # as the module docstring says, hidden=100
-    assert model(fed.train.x[0, :3]).shape == (3, 12)
+    assert model(fed.train.client(0)[0][:3]).shape == (3, 12)
     with pytest.raises(ConfigError, match="gru forecasts a series"):
         build_model("gru", build_federation(DatasetConfig(name="fl60"), seed=0))
 
@@ -318,7 +319,7 @@ def test_gru_federated_run_beats_the_mean_and_last_value_baselines(tmp_path: Pat
         "train.clients_per_round=5", "train.eval_every=5", "train.checkpoint_every=50", "train.novel_adapt_rounds=0",
     ])
     fed = build_federation(cfg.dataset, cfg.seed)
-    test_x, test_y = fed.test.x, fed.test.y
+    test_x, test_y = fed.test.padded().x, fed.test.padded().y
     mean_mse = float((test_y - fed.train.y.mean()).pow(2).mean())
     last_value_mse = float((test_y - test_x[:, :, -1:]).pow(2).mean())
     summary = run_config(cfg, federation=fed, progress=False)

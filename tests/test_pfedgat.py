@@ -24,11 +24,24 @@ def _after_rounds(make_config: ConfigFactory, rounds: int, *overrides: str) -> S
 
 def test_attention_is_row_stochastic(make_config: ConfigFactory) -> None:
     method: PFedGAT = _after_rounds(make_config, 2).setup.method  # type: ignore[assignment]
-    attention = method.attention().detach()
+    attention = method.attention(torch.arange(12)).detach()
     assert attention.shape == (12, 12)
     assert torch.all(attention >= 0)
     torch.testing.assert_close(attention.sum(1), torch.ones(12))
     assert not torch.allclose(attention, torch.full_like(attention, 1 / 12))  # it attends, not averages
+
+
+def test_attention_rows_in_chunks_equal_the_complete_graph(make_config: ConfigFactory,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows computed a few clients at a time (bounded memory at 10,000 clients) are the rows of the attention
+    over the complete graph, for any subset of clients asked for."""
+    from graphfed.methods import pfedgat
+
+    method: PFedGAT = _after_rounds(make_config, 2).setup.method  # type: ignore[assignment]
+    whole = method.attention(torch.arange(12)).detach()
+    monkeypatch.setattr(pfedgat, "ATTENTION_EDGES_PER_CHUNK", 12 * 5)  # 5 rows per chunk
+    some = torch.tensor([11, 0, 3, 7, 8, 2, 5])
+    torch.testing.assert_close(method.attention(some).detach(), whole[some], atol=1e-6, rtol=1e-5)
 
 
 def test_gat_steps_on_validation_feedback_lower_the_validation_loss(make_config: ConfigFactory) -> None:
@@ -117,7 +130,7 @@ def test_default_attention_learns_to_weigh_same_group_clients(make_config: Confi
     each row's weight, and the validation loss drops."""
     method, groups, centres = _grouped_toy(make_config, "method.options={heads: 4, head_dim: 8}")
     before, after = _train_on_toy(method, centres, 40)
-    attention = method.attention().detach()
+    attention = method.attention(torch.arange(12)).detach()
     same = groups.unsqueeze(0) == groups.unsqueeze(1)
     assert attention[same].view(12, 6).sum(1).min() > 0.8  # every client: > 80 % on its own group
     assert after < 0.5 * before
@@ -130,7 +143,7 @@ def test_paper_gat_layer_gives_every_client_the_same_weights(make_config: Config
     method, groups, centres = _grouped_toy(
         make_config, "method.options={heads: 4, head_dim: 8, attention: gat, node_features: model}")
     _train_on_toy(method, centres, 40)
-    attention = method.attention().detach()
+    attention = method.attention(torch.arange(12)).detach()
     same = groups.unsqueeze(0) == groups.unsqueeze(1)
     own_group = attention[same].view(12, 6).sum(1)
     assert own_group.max() < 0.55

@@ -479,29 +479,28 @@ def test_tpt48_temperatures_beyond_float32_are_refused(tmp_path: Path) -> None:
 # ---- a federation that cannot fit ---------------------------------------------------------------------------
 
 
-def test_a_federation_too_large_to_pad_stops_before_allocating(demo_config: Path, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """Splits are padded to the largest client: when that cannot fit in the available memory the run stops
-    before allocating, with exit 2 and one line giving the sizes and what to change."""
-    from graphfed.data import federation
+def test_a_run_too_large_for_memory_stops_before_allocating(demo_config: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A method whose server state cannot fit in the available memory stops the run before allocating it,
+    with exit 2 and one line giving the sizes and what to change."""
+    from graphfed.core import memory
 
-    monkeypatch.setattr(federation, "available_memory_bytes", lambda: 2**14)  # a machine with 16 KiB free
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda: 2**14)  # a machine with 16 KiB free
     result = invoke("run", demo_config, "--set", "dataset.name=digits", "--set", "dataset.num_clients=10",
-                    "--out", tmp_path / "out", "--no-progress")
+                    "--set", "method.name=fedaghn", "--out", tmp_path / "out", "--no-progress")
     assert result.exit_code == 2, result.output
     line = one_error_line(result)
-    assert "padding 10 clients to the largest client's" in line and "GiB is available" in line
-    assert "dataset.num_clients" in line and "dataset.dirichlet_beta" in line
+    assert "fedaghn: every client's latest model and update on the server" in line and "GiB is available" in line
+    assert "dataset.num_clients" in line and "model.options" in line
     assert not (tmp_path / "out").exists()
 
 
-def test_padding_check_counts_clients_times_the_largest_client() -> None:
-    from graphfed.config import ConfigError
-    from graphfed.data import federation
+def test_a_dense_fl_n_graph_too_large_names_the_sparse_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    from graphfed.config import ConfigError, DatasetConfig
+    from graphfed.core import memory
+    from graphfed.data import build_federation
 
-    federation.check_padding_fits(20, 100, 16, 500)  # 32 KB: fits anywhere
-    available = federation.available_memory_bytes()
-    assert available is None or available > 0
-    if available is not None:
-        with pytest.raises(ConfigError, match=r"needs .* GiB for one split"):
-            federation.check_padding_fits(20, available // 16, 16, 1000)
+    build_federation(DatasetConfig(name="fln", num_clients=300, graph_knn=5), seed=0)  # fits anywhere
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda: 2**20)
+    with pytest.raises(ConfigError, match=r"dense.*needs .* GiB.*use dataset.graph_knn"):
+        build_federation(DatasetConfig(name="fln", num_clients=300), seed=0)

@@ -288,48 +288,33 @@ def inspect_command(directory: Annotated[Path | None, typer.Argument(help="a fed
     render_federation(fed, console, max_clients)
 
 
-def _option_rows(method: str) -> list[tuple[str, str, str]]:
-    """(option, default, meaning) of every option of ``method``."""
-    from graphfed.methods import method_class
-
-    rows = []
-    for name, field in method_class(method).Options.model_fields.items():
-        default = "—" if field.default is None else repr(field.default)
-        rows.append((name, default, field.description or ""))
-    return rows
-
-
 @app.command("list")
 def list_components(options: Annotated[bool, typer.Option("--options", help="also list each method's options, "
                                                           "defaults and meaning")] = False) -> None:
     """Methods (with their options), datasets and models graphfed knows."""
-    from graphfed.data import DATASETS
-    from graphfed.methods import METHODS
-    from graphfed.models import MODELS
+    from graphfed import catalogue
 
+    known = catalogue.load()  # the registries' text without importing torch (see graphfed/catalogue.py)
     methods = Table(title="methods (graphfed describe METHOD: options in full)", show_header=False)
-    for name, cls in sorted(METHODS.items()):
-        defaults = ", ".join(f"{option}={default}" for option, default, _ in _option_rows(name))
-        methods.add_row(name, cls.summary + (f"\n[dim]options: {defaults}[/dim]" if defaults else ""))
+    for name, entry in known["methods"].items():
+        defaults = ", ".join(f"{option}={default}" for option, default, _ in entry["options"])
+        methods.add_row(name, entry["summary"] + (f"\n[dim]options: {defaults}[/dim]" if defaults else ""))
     console.print(methods)
     if options:
-        for name in sorted(METHODS):
-            _print_options(name)
-    for title, rows in (
-        ("datasets", [(name, f"{info.task}: {info.description}") for name, info in sorted(DATASETS.items())]),
-        ("models", [(name, text) for name, (_, text) in sorted(MODELS.items())]),
-    ):
+        for name, entry in known["methods"].items():
+            _print_options(name, entry["options"])
+    for title in ("datasets", "models"):
         table = Table(title=title, show_header=False)
-        for name, text in rows:
+        for name, text in known[title].items():
             table.add_row(name, text)
         console.print(table)
 
 
-def _print_options(method: str) -> None:
+def _print_options(method: str, rows: list[list[str]]) -> None:
     table = Table(title=f"{method}: method.options")
     for header in ("option", "default", "meaning"):
         table.add_column(header)
-    for row in _option_rows(method):
+    for row in rows:
         table.add_row(*row)
     if not table.row_count:
         table.add_row("(none)", "", "")
@@ -339,18 +324,15 @@ def _print_options(method: str) -> None:
 @app.command()
 def describe(method: Annotated[str, typer.Argument(help="a method name (graphfed list)")]) -> None:
     """One method: what it does, its algorithm, and each option with its default and meaning."""
-    import inspect
+    from graphfed import catalogue
 
-    from graphfed.methods import method_class
-
-    try:
-        cls = method_class(method)
-    except ConfigError as err:
-        _fail(str(err), EXIT_CONFIG)
-        raise
-    console.print(f"[bold]{method}[/bold]: {cls.summary}\n")
-    console.print(inspect.getdoc(inspect.getmodule(cls)) or "", markup=False, highlight=False, soft_wrap=True)
-    _print_options(method)
+    methods = catalogue.load()["methods"]
+    if method not in methods:
+        _fail(f"method.name: unknown method '{method}'; allowed: {', '.join(sorted(methods))}", EXIT_CONFIG)
+    entry = methods[method]
+    console.print(f"[bold]{method}[/bold]: {entry['summary']}\n")
+    console.print(entry["doc"], markup=False, highlight=False, soft_wrap=True)
+    _print_options(method, entry["options"])
 
 
 def main() -> None:

@@ -49,6 +49,8 @@ class DatasetConfig(_Strict):
     split_mode: Literal["random", "chronological"] = "random"
     novel_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
     data_dir: str | None = Field(default=None, description="default: $GRAPHFED_DATA, then ../shared/data")
+    graph_knn: int = Field(default=0, ge=0, description="fl60/fln: link each client to its k nearest clients by "
+                           "angle, a sparse graph for large N (0 = the paper's dense Bernoulli graph)")
     graph_threshold: float = Field(default=0.1, ge=0.0, le=1.0, description="weighted client graphs (metr-la-week):"
                                    " drop edges whose kernel weight is below this (DCRNN's normalized_k)")
 

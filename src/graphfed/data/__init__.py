@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from graphfed.config import ConfigError, DatasetConfig, printable
+from graphfed.core.memory import check_fits
 from graphfed.data.federation import ClientSplit, Federation, Task
 from graphfed.data.graphs import choose_novel_clients, edges_to_adjacency
 from graphfed.data.partition import split_client_indices
@@ -195,6 +196,9 @@ def _build_federation(cfg: DatasetConfig, seed: int) -> Federation:
         allowed = ", ".join(sorted(DATASETS))
         raise ConfigError(f"dataset.name: unknown dataset {cfg.name!r}; allowed: {allowed}")
     info = DATASETS[cfg.name]
+    if cfg.graph_knn and cfg.name not in ("fl60", "fln"):
+        raise ConfigError(f"dataset.graph_knn: only fl60 and fln generate their client graph; {cfg.name} "
+                          f"brings its own (or none). Remove dataset.graph_knn")
     gen_rng, part_rng, split_rng, novel_rng = np.random.default_rng(seed).spawn(4)
     if cfg.name == "folder":
         # The folder brings its own splits (no partition/split step); only the novel-client choice is ours.
@@ -223,11 +227,17 @@ def _build_federation(cfg: DatasetConfig, seed: int) -> Federation:
         if cfg.name == "fl60":
             _fixed_client_count(cfg, FL60_CLIENTS)
         num_clients = cfg.num_clients or FL60_CLIENTS
-        xs, ys, adjacency, _ = make_fl_n(num_clients, gen_rng)
+        # the paper's graph draws a float64 uniform per pair; either graph is held as a dense float32 matrix
+        check_fits(num_clients**2 * (4 if cfg.graph_knn else 14),
+                   f"the FL-N client graph of {num_clients:,} clients ({'dense' if not cfg.graph_knn else 'kNN'})",
+                   "use dataset.graph_knn (a sparse kNN graph) or fewer clients (dataset.num_clients)")
+        xs, ys, adjacency, _ = make_fl_n(num_clients, gen_rng, knn=cfg.graph_knn)
         graph = torch.as_tensor(adjacency, dtype=torch.float32)
         input_shape, output_dim, metric = (2,), 2, "accuracy"
+        graph_text = (f"each client linked to its {cfg.graph_knn} nearest by angle" if cfg.graph_knn
+                      else "graph edges ~ Bernoulli(0.5 cos(angle gap) + 0.5)")
         description = (f"FL-N synthetic: {num_clients} clients x 100 points in 2-D, 2 classes on a rotating "
-                       f"axis; graph edges ~ Bernoulli(0.5 cos(angle gap) + 0.5)")
+                       f"axis; {graph_text}")
     elif cfg.name == "tpt48":
         from graphfed.data.datasets.tpt48 import HORIZON, WINDOW, load_tpt48
 

@@ -1,14 +1,14 @@
-"""The federation data model: per-client splits padded onto a leading client axis.
+"""The federation data model: each split stored once as every client's rows concatenated, with per-client
+offsets and counts.
 
-Every client's samples live in one padded tensor ``x[N, M, *features]`` with a ``counts[N]`` vector, so
-the simulator can train and evaluate all clients at once. Padding rows are never read: mini-batches draw
-indices below ``counts[i]`` and evaluation masks rows ``>= counts[i]``.
+Nothing is padded to the largest client: mini-batches gather their rows from the concatenated storage, and
+evaluation walks the rows in fixed-size blocks, so memory is the data plus what one chunk of work needs,
+however imbalanced the clients are.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -18,86 +18,150 @@ import torch
 Task = Literal["classification", "regression"]
 
 
-def available_memory_bytes() -> int | None:
-    """Memory the kernel says a new allocation can use (``MemAvailable``), or None where it does not say."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+@dataclass
+class PaddedRows:
+    """Some clients' rows copied onto a client axis (for computations over a client's whole split)."""
+
+    x: torch.Tensor  # [S, M, *feature_shape]
+    y: torch.Tensor  # [S, M, *target_shape]
+    mask: torch.Tensor  # [S, M] bool, True on real rows
+    counts: torch.Tensor  # [S]
 
 
-def check_padding_fits(clients: int, width: int, bytes_per_row: int, real_rows: int) -> None:
-    """Stop before padding a split that cannot fit in memory, and say what to change.
+@dataclass
+class RowBlocks:
+    """Fixed-size blocks of rows, each from one client: ``x [P, B, *features]``, ``y [P, B, ...]``, ``mask [P, B]``
+    (False on the padding at the end of a client's last block) and ``owner [P]``, the position (in the split's
+    client order) of the client each block belongs to."""
 
-    Splits are padded to the largest client, so memory grows with clients x largest client: an imbalanced
-    federation (one huge client beside small ones) needs far more than its data."""
-    needed = clients * width * bytes_per_row
-    available = available_memory_bytes()
-    if available is None or needed <= 0.8 * available:
-        return
-    from graphfed.config import ConfigError
-
-    raise ConfigError(
-        f"dataset: padding {clients} clients to the largest client's {width:,} rows needs {needed / 2**30:.1f} GiB "
-        f"for one split ({real_rows:,} real rows, {real_rows * bytes_per_row / 2**30:.2f} GiB); "
-        f"{available / 2**30:.1f} GiB is available. Use fewer clients (dataset.num_clients), a less imbalanced "
-        f"partition (dataset.dirichlet_beta, dataset.min_samples_per_client), split the largest client, or a "
-        f"machine with more memory")
+    owner: torch.Tensor
+    x: torch.Tensor
+    y: torch.Tensor
+    mask: torch.Tensor
 
 
 @dataclass
 class ClientSplit:
-    """One split (train, val or test) of every client, padded to the largest client."""
+    """One split (train, val or test) of some clients, stored once as concatenated rows.
 
-    x: torch.Tensor  # [N, M, *feature_shape] float32
-    y: torch.Tensor  # [N, M] int64 for classification, [N, M, *target_shape] float32 for regression
-    counts: torch.Tensor  # [N] int64, number of real rows per client
+    Client ``i`` owns rows ``starts[i] : starts[i] + counts[i]`` of ``x`` and ``y``. :meth:`select` picks clients
+    without copying a row, so memory is the data itself, never clients x largest client; mini-batches and
+    evaluation blocks gather rows straight from this storage.
+    """
+
+    x: torch.Tensor  # [R, *feature_shape] float32, every row of every client
+    y: torch.Tensor  # [R] int64 for classification, [R, *target_shape] float32 for regression
+    starts: torch.Tensor  # [N] int64, first row of each client
+    counts: torch.Tensor  # [N] int64, rows of each client
+
+    def __post_init__(self) -> None:
+        if len(self.x) != len(self.y):
+            raise ValueError(f"{len(self.x)} feature rows but {len(self.y)} targets")
+        if self.starts.shape != self.counts.shape or self.starts.ndim != 1:
+            raise ValueError(f"starts {tuple(self.starts.shape)} and counts {tuple(self.counts.shape)} must be "
+                             f"two vectors of one entry per client")
+        if len(self.counts) and (bool((self.counts < 0).any()) or bool((self.starts < 0).any())
+                                 or int((self.starts + self.counts).max()) > len(self.x)):
+            raise ValueError(f"client rows must lie within the split's {len(self.x)} rows")
 
     @property
     def num_clients(self) -> int:
         return int(self.counts.shape[0])
 
-    def mask(self) -> torch.Tensor:
-        """[N, M] bool, True on real rows."""
-        rows = torch.arange(self.x.shape[1])
-        return rows.unsqueeze(0) < self.counts.unsqueeze(1)
+    @property
+    def num_rows(self) -> int:
+        """Real rows of the selected clients."""
+        return int(self.counts.sum())
 
     def select(self, client_ids: torch.Tensor) -> ClientSplit:
-        return ClientSplit(self.x[client_ids], self.y[client_ids], self.counts[client_ids])
+        """The split of ``client_ids`` (in that order), sharing this split's rows."""
+        return ClientSplit(self.x, self.y, self.starts[client_ids], self.counts[client_ids])
 
     def client(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The real (unpadded) rows of client ``i``."""
-        n = int(self.counts[i])
-        return self.x[i, :n], self.y[i, :n]
+        """The rows of client ``i``."""
+        start, count = int(self.starts[i]), int(self.counts[i])
+        return self.x[start:start + count], self.y[start:start + count]
+
+    def row_owners(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(owner [R'], row [R'])``: every real row of the selected clients, with its client's position."""
+        owner = torch.repeat_interleave(torch.arange(self.num_clients), self.counts)
+        first = torch.repeat_interleave(self.starts - torch.cumsum(self.counts, 0) + self.counts, self.counts)
+        return owner, first + torch.arange(len(owner))
+
+    def gather(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows ``index [S, ...]`` (client-local, each below its client's count) of every client, as
+        ``x [S, ..., *features]`` and ``y``. Clients without rows get zeros (their index is ignored)."""
+        shape = index.shape
+        has_rows = (self.counts > 0).view(-1, *[1] * (index.ndim - 1))
+        rows = (self.starts.view(-1, *[1] * (index.ndim - 1)) + index).clamp(0, max(len(self.x) - 1, 0))
+        if len(self.x) == 0:  # nothing to read anywhere
+            return (torch.zeros(*shape, *self.x.shape[1:], dtype=self.x.dtype),
+                    torch.zeros(*shape, *self.y.shape[1:], dtype=self.y.dtype))
+        flat = rows.flatten()
+        x, y = self.x[flat].view(*shape, *self.x.shape[1:]), self.y[flat].view(*shape, *self.y.shape[1:])
+        if bool(has_rows.all()):
+            return x, y
+        return (torch.where(has_rows.view(*has_rows.shape, *[1] * (x.ndim - index.ndim)), x, 0.0),
+                torch.where(has_rows.view(*has_rows.shape, *[1] * (y.ndim - index.ndim)), y, 0).to(y.dtype))
+
+    def padded(self) -> PaddedRows:
+        """The selected clients' rows copied onto a client axis, padded to the largest (zeros). Costs clients x
+        largest client: for whole-split computations over few clients (a KNN datastore, tests), not for training."""
+        width = max(int(self.counts.max()), 1) if self.num_clients else 1
+        local = torch.arange(width).expand(self.num_clients, width)
+        mask = local < self.counts.unsqueeze(1)
+        x, y = self.gather(torch.where(mask, local, 0))
+        x = torch.where(mask.view(*mask.shape, *[1] * (x.ndim - 2)), x, 0.0)
+        y = torch.where(mask.view(*mask.shape, *[1] * (y.ndim - 2)), y, 0).to(y.dtype)
+        return PaddedRows(x, y, mask, self.counts)
+
+    def blocks(self, block_rows: int, blocks_per_chunk: int) -> Iterator[RowBlocks]:
+        """The selected clients' rows in blocks of ``block_rows`` rows (a client's last block padded), yielded
+        ``blocks_per_chunk`` blocks at a time: a fixed amount of work per chunk, however unequal the clients."""
+        per_client = (self.counts + block_rows - 1) // block_rows
+        owner = torch.repeat_interleave(torch.arange(self.num_clients), per_client)
+        first = torch.repeat_interleave(torch.cumsum(per_client, 0) - per_client, per_client)
+        offset = (torch.arange(len(owner)) - first) * block_rows  # first client-local row of each block
+        local = torch.arange(block_rows)
+        for lo in range(0, len(owner), blocks_per_chunk):
+            chunk_owner = owner[lo:lo + blocks_per_chunk]
+            index = offset[lo:lo + blocks_per_chunk].unsqueeze(1) + local
+            mask = index < self.counts[chunk_owner].unsqueeze(1)
+            rows = (self.starts[chunk_owner].unsqueeze(1) + torch.where(mask, index, 0)).flatten()
+            x = self.x[rows].view(*index.shape, *self.x.shape[1:])
+            y = self.y[rows].view(*index.shape, *self.y.shape[1:])
+            x[~mask] = 0.0  # padding rows are zeros (a fresh copy: the storage is untouched)
+            y[~mask] = 0
+            yield RowBlocks(chunk_owner, x, y, mask)
+
+    @staticmethod
+    def from_padded(x: torch.Tensor, y: torch.Tensor, counts: torch.Tensor) -> ClientSplit:
+        """From clients' rows on a client axis (``x [N, M, ...]``, first ``counts[i]`` rows real)."""
+        return ClientSplit.from_lists([x[i, :int(c)] for i, c in enumerate(counts)],
+                                      [y[i, :int(c)] for i, c in enumerate(counts)],
+                                      "classification" if not y.is_floating_point() else "regression")
 
     @staticmethod
     def from_lists(xs: Sequence[np.ndarray | torch.Tensor], ys: Sequence[np.ndarray | torch.Tensor],
                    task: Task) -> ClientSplit:
-        """Pad per-client arrays onto a client axis. Clients may hold zero rows."""
+        """Concatenate per-client arrays (one copy of the rows). Clients may hold zero rows."""
         if len(xs) != len(ys):
             raise ValueError(f"got {len(xs)} feature arrays but {len(ys)} target arrays")
-        xs_t = [torch.as_tensor(np.asarray(x), dtype=torch.float32) for x in xs]
         y_dtype = torch.int64 if task == "classification" else torch.float32
-        ys_t = [torch.as_tensor(np.asarray(y), dtype=y_dtype) for y in ys]
-        counts = torch.tensor([len(x) for x in xs_t], dtype=torch.int64)
-        for i, (x, y) in enumerate(zip(xs_t, ys_t, strict=True)):
+        counts = torch.tensor([len(x) for x in xs], dtype=torch.int64)
+        for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
             if len(x) != len(y):
                 raise ValueError(f"client {i}: {len(x)} feature rows but {len(y)} targets")
-        width = max(int(counts.max()), 1)
-        feat_shape = next((tuple(x.shape[1:]) for x in xs_t if x.ndim > 1), ())
-        tgt_shape = next((tuple(y.shape[1:]) for y in ys_t if y.ndim > 1), ())
-        check_padding_fits(len(xs_t), width, math.prod(feat_shape) * 4 + math.prod(tgt_shape) * y_dtype.itemsize,
-                           int(counts.sum()))
-        x_pad = torch.zeros((len(xs_t), width, *feat_shape), dtype=torch.float32)
-        y_pad = torch.zeros((len(ys_t), width, *tgt_shape), dtype=y_dtype)
-        for i, (x, y) in enumerate(zip(xs_t, ys_t, strict=True)):
-            x_pad[i, : len(x)] = x.reshape(len(x), *feat_shape)
-            y_pad[i, : len(y)] = y.reshape(len(y), *tgt_shape)
-        return ClientSplit(x_pad, y_pad, counts)
+        feat_shape = next((tuple(x.shape[1:]) for x in xs if x.ndim > 1), ())
+        tgt_shape = next((tuple(y.shape[1:]) for y in ys if y.ndim > 1), ())
+        x_all = torch.empty((int(counts.sum()), *feat_shape), dtype=torch.float32)
+        y_all = torch.empty((int(counts.sum()), *tgt_shape), dtype=y_dtype)
+        start = 0
+        for x, y in zip(xs, ys, strict=True):  # copied client by client: no second full-size temporary
+            x_all[start:start + len(x)] = torch.as_tensor(x).reshape(len(x), *feat_shape)
+            y_all[start:start + len(y)] = torch.as_tensor(y).reshape(len(y), *tgt_shape)
+            start += len(x)
+        return ClientSplit(x_all, y_all, torch.cumsum(counts, 0) - counts, counts)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from abc import abstractmethod
 
 import torch
 
+from graphfed.core.memory import check_fits
 from graphfed.core.mixing import layer_bounds, mix_layers
 from graphfed.methods.base import Method, MethodContext, MethodOptions
 
@@ -21,6 +22,9 @@ class PersonalizedAggregation(Method):
     def __init__(self, context: MethodContext, options: MethodOptions) -> None:
         super().__init__(context, options)
         n = context.num_clients
+        check_fits(2 * n * context.spec.dim * 4, f"{self.name}: every client's latest model and update on the server "
+                   f"({n:,} clients x {context.spec.dim:,} parameters x 2)",
+                   "use fewer clients (dataset.num_clients) or a smaller model (model.options)")
         self.num_layers = len(layer_bounds(context.spec))
         self.client_weights = context.init_weights.unsqueeze(0).repeat(n, 1)  # theta_j: latest local models
         self.latest_delta = torch.zeros(n, context.spec.dim)  # each client's most recent update
@@ -52,6 +56,7 @@ class PersonalizedAggregation(Method):
         return torch.where(trained, self.client_weights[client_ids], self.personalize(client_ids))
 
     @torch.no_grad()
-    def collaboration_graph(self) -> torch.Tensor:
-        """``[L, N, N]``: row i holds the weights client i's personalised model gives every client."""
-        return self.mixing(torch.arange(self.context.num_clients)).detach()
+    def collaboration_graph(self, client_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """``[L, rows, N]``: row i holds the weights client i's personalised model gives every client."""
+        rows = torch.arange(self.context.num_clients) if client_ids is None else client_ids
+        return self.mixing(rows).detach()

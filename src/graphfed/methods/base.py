@@ -110,8 +110,9 @@ class Method(ABC):
         """Update only what describes ``client_ids`` (e.g. their embeddings) from their deltas."""
         raise TypeError(f"method '{self.name}' has no novel-client adaptation")
 
-    def collaboration_graph(self) -> torch.Tensor | None:
-        """Current ``[N, N]`` client graph the method uses, if it has one."""
+    def collaboration_graph(self, client_ids: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The client graph the method uses, if it has one: rows ``client_ids`` (all clients by default) of its
+        ``[N, N]`` matrix, or ``[L, rows, N]`` with one matrix per layer."""
         return None
 
     # ---- state --------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from pydantic import Field
 from graphfed.methods.base import MethodContext, weighted_mean
 from graphfed.methods.fedavg import FedAvg, FedAvgOptions
 from graphfed.methods.pfedgraph import project_to_simplex
-from graphfed.sim.client import ClientRule, ClientSetting, LocalStep, Weights, require_grad
+from graphfed.sim.client import ClientRule, ClientSetting, LocalStep, Weights, block_plan, require_grad
 
 
 class FedPACOptions(FedAvgOptions):
@@ -84,14 +84,22 @@ class FedPACRule(ClientRule):
 
     @torch.no_grad()
     def uploads(self, tracks: dict[str, Weights], local: LocalStep) -> dict[str, torch.Tensor]:
-        data = local.data
-        features = local.model.batched_forward(tracks["model"], data.x, features_only=True)  # [S, M, F]
-        mask = data.mask()
-        one_hot = F.one_hot(torch.where(mask, data.y, 0), self.num_classes).to(features.dtype) * mask.unsqueeze(-1)
-        counts = one_hot.sum(1)  # [S, C]
-        centroids = one_hot.transpose(1, 2) @ features / counts.clamp_min(1).unsqueeze(-1)  # [S, C, F]
+        data, model = local.data, local.model
+        spec = self.setting.spec
+        flat = spec.flatten(tracks["model"], batch_dims=1)
+        counts = torch.zeros(data.num_clients, self.num_classes)
+        feature_sums = torch.zeros(data.num_clients, self.num_classes, self.num_features)
+        squared_norms = torch.zeros(data.num_clients)
+        for block in data.blocks(*block_plan(data, spec.dim)):  # every training row, a block at a time
+            features = model.batched_forward(spec.unflatten(flat[block.owner]), block.x, features_only=True)
+            one_hot = F.one_hot(torch.where(block.mask, block.y, 0), self.num_classes).to(features.dtype)
+            one_hot = one_hot * block.mask.unsqueeze(-1)  # [P, B, C]
+            counts.index_add_(0, block.owner, one_hot.sum(1))
+            feature_sums.index_add_(0, block.owner, one_hot.transpose(1, 2) @ features)
+            squared_norms.index_add_(0, block.owner, (features.pow(2).sum(-1) * block.mask).sum(1))
+        centroids = feature_sums / counts.clamp_min(1).unsqueeze(-1)  # [S, C, F]
         rows = counts.sum(1).clamp_min(1)
-        second_moment = (features.pow(2).sum(-1) * mask).sum(1) / rows
+        second_moment = squared_norms / rows
         within = second_moment - (counts / rows.unsqueeze(1) * centroids.pow(2).sum(-1)).sum(1)
         return {"centroids": centroids, "class_counts": counts,
                 "feature_variance": (within.clamp_min(0) / rows).unsqueeze(1)}

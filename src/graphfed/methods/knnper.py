@@ -37,19 +37,20 @@ class KNNPerRule(ClientRule):
     def eval_forward(self, model: TargetModel, weights: Weights, x: torch.Tensor, train: ClientSplit,
                      state: dict[str, torch.Tensor]) -> torch.Tensor:
         query = model.batched_forward(weights, x, features_only=True)  # [S, B, F]
-        stored = model.batched_forward(weights, train.x, features_only=True)  # [S, M, F]
+        datastore = train.padded()  # each client's whole training split: its datastore
+        stored = model.batched_forward(weights, datastore.x, features_only=True)  # [S, M, F]
         outputs = model.batched_head(weights, query)
-        distance = torch.cdist(query, stored).masked_fill(~train.mask().unsqueeze(1), float("inf"))  # [S, B, M]
+        distance = torch.cdist(query, stored).masked_fill(~datastore.mask.unsqueeze(1), float("inf"))  # [S, B, M]
         k = min(self.k, distance.shape[-1])
         nearest, index = distance.topk(k, dim=-1, largest=False)
         vote = torch.softmax(-nearest / self.sigma, dim=-1)  # a neighbour at infinite distance gets weight 0
         has_rows = (train.counts > 0).view(-1, 1, 1)
-        neighbours = torch.gather(train.y.unsqueeze(1).expand(-1, query.shape[1], -1), 2, index)
+        neighbours = torch.gather(datastore.y.unsqueeze(1).expand(-1, query.shape[1], -1), 2, index)
         if self.setting.task == "classification":
             knn = torch.zeros_like(outputs).scatter_add_(2, neighbours, vote)
             mixed = self.lam * knn + (1 - self.lam) * torch.softmax(outputs, dim=-1)
             return torch.where(has_rows, mixed.clamp_min(1e-12).log(), outputs)  # log-probabilities as logits
-        targets = train.y.flatten(2)  # [S, M, out]
+        targets = datastore.y.flatten(2)  # [S, M, out]
         neighbour_targets = torch.gather(targets.unsqueeze(1).expand(-1, query.shape[1], -1, -1), 2,
                                          index.unsqueeze(-1).expand(-1, -1, -1, targets.shape[-1]))
         knn = (vote.unsqueeze(-1) * neighbour_targets).sum(2)

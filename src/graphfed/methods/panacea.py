@@ -45,6 +45,8 @@ class PanaceaOptions(EmbeddingHypernetworkOptions):
     server_optimizer: Literal["sgd", "adam"] = Field(default="adam",
             description="optimizer of the server steps (Algorithm 1 takes plain gradient steps)")
     server_lr: float = Field(default=1e-3, gt=0, description="lr of the server optimizer")
+    graph_loss_pairs: int | None = Field(default=None, ge=1,
+            description="edges sampled per server step for L_d (plus as many non-edges); default: every edge")
     knn: int = Field(default=5, ge=1, description="neighbours when the graph is inferred")
     graph_refresh_rounds: int = Field(default=10, ge=1,
             description="with no graph given: rebuild the kNN graph from updates every this many rounds")
@@ -87,6 +89,9 @@ class Panacea(EmbeddingHypernetwork):
         return self.options.gnn != "none" or self.options.lambda_d > 0
 
     def _prepare_edges(self) -> GraphEdges | None:
+        """Sparse forms of the adjacency, computed once per graph (not per step): the GNN's edges and the graph
+        loss's positive pairs (each undirected edge once)."""
+        self._positives = torch.nonzero(torch.triu(self.adjacency > 0, diagonal=1))
         return self.encoder.prepare(self.adjacency) if isinstance(self.encoder, GNNEncoder) else None
 
     def _client_embeddings(self, h0: torch.Tensor) -> torch.Tensor:
@@ -107,7 +112,7 @@ class Panacea(EmbeddingHypernetwork):
             graph_loss = None
             if self.options.lambda_d > 0:
                 graph_loss = self.options.lambda_d * self.graph_generator.reconstruction_loss(
-                    z, self.adjacency, self.generator)
+                    z, self.adjacency, self._positives, self.generator, self.options.graph_loss_pairs)
             hypergradient_step(self.optimizer, theta, (theta.detach() - target) / len(client_ids), graph_loss)
 
     def _maybe_refresh_graph(self, client_ids: torch.Tensor, delta: torch.Tensor) -> None:
@@ -129,8 +134,10 @@ class Panacea(EmbeddingHypernetwork):
         super().load_state_dict(state)
         self._edges = self._prepare_edges()
 
-    def collaboration_graph(self) -> torch.Tensor | None:
-        return self.adjacency.clone() if self.uses_graph else None
+    def collaboration_graph(self, client_ids: torch.Tensor | None = None) -> torch.Tensor | None:
+        if not self.uses_graph:
+            return None
+        return self.adjacency.clone() if client_ids is None else self.adjacency[client_ids]
 
 
 class PanaceaGN(Panacea):

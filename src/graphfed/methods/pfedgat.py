@@ -45,6 +45,9 @@ from graphfed.core.rng import unit_direction
 from graphfed.methods.aggregation import PersonalizedAggregation
 from graphfed.methods.base import MethodContext, MethodOptions
 
+#: attention edges (client pairs) scored at once: bounds the GAT's per-edge messages to ~250 MB at 8 x 16 heads
+ATTENTION_EDGES_PER_CHUNK = 500_000
+
 
 class PFedGATOptions(MethodOptions):
     heads: int = Field(default=8, ge=1, description="attention heads K; R is their mean")
@@ -70,7 +73,7 @@ class PFedGAT(PersonalizedAggregation):
     def __init__(self, context: MethodContext, options: PFedGATOptions) -> None:
         super().__init__(context, options)
         self.options: PFedGATOptions = options
-        dim, n = context.spec.dim, context.num_clients
+        dim = context.spec.dim
         self.norm = nn.LayerNorm(dim)
         from torch_geometric.nn import GATConv, GATv2Conv  # imported only where a GAT is built (slow import)
 
@@ -79,23 +82,32 @@ class PFedGAT(PersonalizedAggregation):
         params = [*self.norm.parameters(), *self.gat.parameters()]
         optimizer = torch.optim.SGD if options.optimizer == "sgd" else torch.optim.Adam
         self.optimizer = optimizer(params, lr=options.server_lr)
-        nodes = torch.arange(n)
-        self._edges = torch.stack([nodes.repeat_interleave(n), nodes.repeat(n)])  # j -> i for all pairs, self loops
         self.client_feedback = "val_gradient" if options.feedback == "gradient" else "val_loss_pair"
         self.feedback_mu = options.zo_mu
 
-    def attention(self) -> torch.Tensor:
-        """``R [N, N]``: mean over heads of the GAT attention; row i sums to 1."""
+    def attention(self, client_ids: torch.Tensor) -> torch.Tensor:
+        """``R [S, N]``: rows ``client_ids`` of the mean over heads of the GAT attention; each row sums to 1.
+
+        A row of attention depends only on its own client's and every client's features, so rows are computed
+        a chunk of clients at a time (edges j -> i for i in the chunk, all j, self loop included): memory is
+        O(N x chunk x heads), never the N^2 x heads of the complete graph at once."""
         n = self.context.num_clients
         models = self.client_weights
         if self.options.node_features == "centred":
             models = models - models.mean(dim=0)
-        _, (edges, alpha) = self.gat(self.norm(models), self._edges, return_attention_weights=True)
-        weights = torch.zeros(n, n, dtype=alpha.dtype).index_put((edges[1], edges[0]), alpha.mean(dim=1))
-        return weights
+        features = self.norm(models)
+        sources = torch.arange(n)
+        chunk = max(1, ATTENTION_EDGES_PER_CHUNK // n)
+        rows = []
+        for targets in client_ids.split(chunk):
+            edges = torch.stack([sources.repeat(len(targets)), torch.arange(len(targets)).repeat_interleave(n)])
+            _, (edges, alpha) = self.gat((features, features[targets]), edges, return_attention_weights=True)
+            rows.append(torch.zeros(len(targets), n, dtype=alpha.dtype).index_put((edges[1], edges[0]),
+                                                                                  alpha.mean(dim=1)))
+        return torch.cat(rows)
 
     def mixing(self, client_ids: torch.Tensor) -> torch.Tensor:
-        rows = self.attention()[client_ids]
+        rows = self.attention(client_ids)
         return rows.unsqueeze(0).expand(self.num_layers, -1, -1)  # one R for every layer
 
     def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,

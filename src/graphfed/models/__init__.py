@@ -9,7 +9,7 @@ from typing import Any
 from graphfed.config import ConfigError
 from graphfed.data.federation import Federation
 from graphfed.models.base import TargetModel
-from graphfed.models.cnn import SmallCNN
+from graphfed.models.cnn import PflCNN, SmallCNN
 from graphfed.models.cnn_bn import CNNBN
 from graphfed.models.gru import GRUForecaster
 from graphfed.models.lenet import LeNet
@@ -25,6 +25,10 @@ def _mlp(fed: Federation, hidden: int = 16, num_layers: int = 3) -> TargetModel:
 
 def _cnn(fed: Federation, channels: int = 16, hidden: int = 64) -> TargetModel:
     return SmallCNN(fed.input_shape, fed.output_dim, channels=channels, hidden=hidden)
+
+
+def _pfl_cnn(fed: Federation) -> TargetModel:
+    return PflCNN(fed.input_shape, fed.output_dim)
 
 
 def _cnn_bn(fed: Federation, channels: int = 32, hidden: int = 512, kernel_size: int = 5) -> TargetModel:
@@ -49,6 +53,8 @@ def _gru(fed: Federation, hidden: int = 100) -> TargetModel:
 MODELS: dict[str, tuple[Callable[..., TargetModel], str]] = {
     "mlp": (_mlp, "multi-layer perceptron (options: hidden=16, num_layers=3)"),
     "cnn": (_cnn, "2 conv + 2 linear layers for (C, H, W) images (options: channels=16, hidden=64)"),
+    "pfl-cnn": (_pfl_cnn, "pfl-research's CIFAR-10 benchmark CNN: 3x3 conv (32), 3x3 conv (64), 2x2 max-pool, "
+                "linear (128), linear; dropout left out (no options)"),
     "cnn-bn": (_cnn_bn, "FedAGHN's 4-layer CNN: 2x (5x5 conv, batch-statistics BN, ReLU, pool) + 2 linear layers "
                "(options: channels=32, hidden=512, kernel_size=5)"),
     "lenet": (_lenet, "LeNet-style CNN of pFedHN/pFedGAT on CIFAR: 2x (5x5 conv, ReLU, 2x2 max-pool) + 3 linear "

@@ -1,11 +1,11 @@
-"""A small CNN for image clients (two conv blocks + two linear layers)."""
+"""Small CNNs for image clients: graphfed's two conv blocks + two linear layers, and pfl-research's benchmark CNN."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from graphfed.models.base import TargetModel
+from graphfed.models.base import ClientGroups, TargetModel, batched_linear
 
 
 class SmallCNN(TargetModel):
@@ -27,8 +27,47 @@ class SmallCNN(TargetModel):
         h = torch.max_pool2d(torch.relu(self.conv2(h)), 2)
         return torch.relu(self.fc1(h.flatten(1)))
 
-    clients_in_loop = True
+    def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor,
+                        features_only: bool = False) -> torch.Tensor:
+        groups = ClientGroups(x)  # every client's convolutions as one grouped convolution (see ClientGroups)
+        h = groups.conv2d(groups.images, params["conv1.weight"], params["conv1.bias"], padding=1)
+        h = torch.max_pool2d(torch.relu(h), 2)
+        h = torch.max_pool2d(torch.relu(groups.conv2d(h, params["conv2.weight"], params["conv2.bias"], padding=1)), 2)
+        h = torch.relu(batched_linear(groups.per_client(h), params["fc1.weight"], params["fc1.bias"]))
+        return h if features_only else batched_linear(h, params["fc2.weight"], params["fc2.bias"])
+
+
+class PflCNN(TargetModel):
+    """The 2-layer CNN of pfl-research's CIFAR-10 benchmark (Apple's pfl-research, ``simple_cnn``)::
+
+        conv 3x3 (32) -> ReLU -> conv 3x3 (64) -> ReLU -> max-pool 2 -> linear (128) -> ReLU -> linear (classes)
+
+    1.6M parameters on 32x32x3 images, Glorot-uniform weights as in its reference. The reference's two dropout
+    layers (0.25, 0.5) are left out: graphfed's local training is deterministic given the seed, and dropout
+    would need a per-client mask stream; the benchmark compares speed, not accuracy.
+    """
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
+        super().__init__()
+        if len(input_shape) != 3 or input_shape[1] < 6 or input_shape[2] < 6:
+            raise ValueError(f"pfl-cnn needs images shaped (channels, height >= 6, width >= 6), got {input_shape}")
+        in_channels, height, width = input_shape
+        self.conv1 = nn.Conv2d(in_channels, 32, 3)
+        self.conv2 = nn.Conv2d(32, 64, 3)
+        self.fc1 = nn.Linear(64 * ((height - 4) // 2) * ((width - 4) // 2), 128)
+        self.fc2 = nn.Linear(128, num_classes)
+        self.head_module = "fc2"
+        for layer in (self.conv1, self.conv2, self.fc1, self.fc2):
+            nn.init.xavier_uniform_(layer.weight)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.max_pool2d(torch.relu(self.conv2(torch.relu(self.conv1(x)))), 2)
+        return torch.relu(self.fc1(h.flatten(1)))
 
     def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor,
                         features_only: bool = False) -> torch.Tensor:
-        return self.client_loop_forward(params, x, features_only)  # faster than vmap for convolutions on CPU
+        groups = ClientGroups(x)
+        h = torch.relu(groups.conv2d(groups.images, params["conv1.weight"], params["conv1.bias"]))
+        h = torch.max_pool2d(torch.relu(groups.conv2d(h, params["conv2.weight"], params["conv2.bias"])), 2)
+        h = torch.relu(batched_linear(groups.per_client(h), params["fc1.weight"], params["fc1.bias"]))
+        return h if features_only else batched_linear(h, params["fc2.weight"], params["fc2.bias"])

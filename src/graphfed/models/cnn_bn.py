@@ -21,16 +21,16 @@ Consequences:
 
 * BN running statistics are never shared or aggregated between clients - they do not exist. The BN affine
   weight and bias are ordinary parameters and are aggregated like every other layer.
-* Evaluation normalises with the statistics of the batch it is given; the simulator evaluates each client
-  on its whole split at once, so a prediction depends on the client's other evaluation rows (as in any
-  batch-statistics BN). Tiny splits (a few rows) give noisy statistics.
-* Padding rows are excluded from the statistics. A federation pads every client's split to the largest
-  client with all-zero rows, and evaluation feeds the padded tensor. Letting those zeros into the batch
-  mean and variance would change the real rows' outputs (badly so for a small client padded to a large
-  one), so the statistics are computed over the rows whose input is not identically zero. Real MNIST /
-  Fashion-MNIST images are never all zero (checked on the 70k images of each); a real all-zero input would
-  still get an output, it just would not contribute to the statistics. A batch with no valid row (a client
-  without data, whose loss the simulator masks out) yields the BN bias instead of NaN.
+* Evaluation normalises with the statistics of the batch it is given; the simulator evaluates a client's
+  split in blocks of 256 rows (``evaluation_block_rows``; a split of up to 256 rows is one batch), so a
+  prediction depends on the other rows of its block (as in any batch-statistics BN). Tiny splits (a few
+  rows) give noisy statistics.
+* Padding rows are excluded from the statistics. A client's last evaluation block is padded with all-zero
+  rows; letting those zeros into the batch mean and variance would change the real rows' outputs, so the
+  statistics are computed over the rows whose input is not identically zero. Real MNIST / Fashion-MNIST
+  images are never all zero (checked on the 70k images of each); a real all-zero input would still get an
+  output, it just would not contribute to the statistics. A batch with no valid row yields the BN bias
+  instead of NaN.
 
 How clients are batched
 -----------------------
@@ -101,6 +101,8 @@ class CNNBN(TargetModel):
         self.fc2 = nn.Linear(hidden, num_classes)
         self.head_module = "fc2"
 
+    evaluation_block_rows = 256
+
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``[B, C, H, W]`` -> ``[B, hidden]`` (the head's input). All-zero rows are left out of BN
         statistics."""
@@ -108,8 +110,6 @@ class CNNBN(TargetModel):
         h = torch.max_pool2d(torch.relu(self.bn1(self.conv1(x), valid)), 2)
         h = torch.max_pool2d(torch.relu(self.bn2(self.conv2(h), valid)), 2)
         return torch.relu(self.fc1(h.flatten(1)))
-
-    clients_in_loop = True
 
     def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor,
                         features_only: bool = False) -> torch.Tensor:

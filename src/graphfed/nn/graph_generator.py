@@ -14,13 +14,16 @@ class InnerProductGraphGenerator(nn.Module):
         super().__init__()
         self.transform = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
 
-    def reconstruction_loss(self, z: torch.Tensor, adjacency: torch.Tensor,
-                            generator: torch.Generator) -> torch.Tensor:
-        """BCE on all edges (positives) and as many uniformly sampled non-edges (negatives)."""
+    def reconstruction_loss(self, z: torch.Tensor, adjacency: torch.Tensor, positives: torch.Tensor,
+                            generator: torch.Generator, max_pairs: int | None = None) -> torch.Tensor:
+        """BCE on the edges ``positives [P, 2]`` (each once; at most ``max_pairs`` of them, sampled) and as many
+        uniformly sampled non-edges (negatives, checked against ``adjacency``). Work grows with the edges sampled,
+        not with N^2."""
         num_nodes = adjacency.shape[0]
-        positives = torch.nonzero(torch.triu(adjacency > 0, diagonal=1))
         if len(positives) == 0:
             return z.sum() * 0.0
+        if max_pairs is not None and len(positives) > max_pairs:
+            positives = positives[torch.randperm(len(positives), generator=generator)[:max_pairs]]
         candidates = torch.randint(0, num_nodes, (4 * len(positives), 2), generator=generator)
         keep = (candidates[:, 0] != candidates[:, 1]) & (adjacency[candidates[:, 0], candidates[:, 1]] <= 0)
         negatives = candidates[keep][: len(positives)]

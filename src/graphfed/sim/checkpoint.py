@@ -143,28 +143,36 @@ class RoundLog:
 GRAPHS_DIR = "graphs"
 
 
-def save_graphs(out_dir: Path, completed_rounds: int, graphs: torch.Tensor, layer_names: list[str]) -> Path:
+def save_graphs(out_dir: Path, completed_rounds: int, graphs: torch.Tensor, layer_names: list[str],
+                clients: torch.Tensor | None = None) -> Path:
     """``graphs/round_XXXX.npz``: the method's collaboration graph(s) after ``completed_rounds`` rounds.
 
     ``matrices`` is ``[L, N, N]`` (one per layer; L = 1 for a single client graph), ``layers`` their names.
+    With ``clients`` (large federations), only those clients' rows are saved: ``matrices`` is ``[L, R, N]`` and
+    ``clients [R]`` says whose rows they are.
     """
     matrices = graphs.detach().cpu().numpy()
     if matrices.ndim == 2:
         matrices = matrices[None]
     buffer = io.BytesIO()
-    np.savez_compressed(buffer, matrices=matrices, layers=np.array(layer_names), round=completed_rounds)
+    extra = {} if clients is None else {"clients": clients.numpy()}
+    np.savez_compressed(buffer, matrices=matrices, layers=np.array(layer_names), round=completed_rounds, **extra)
     path = out_dir / GRAPHS_DIR / f"round_{completed_rounds:04d}.npz"
     atomic_write_bytes(path, buffer.getvalue())
     return path
 
 
 def load_graphs(run_dir: Path) -> list[tuple[int, list[str], np.ndarray]]:
-    """All saved collaboration graphs of a run, by round: ``(round, layer names, [L, N, N])``."""
+    """All saved collaboration graphs of a run, by round: ``(round, layer names, [L, N, N])``. Where only sampled
+    clients' rows were saved, the square ``[L, R, R]`` graph among those clients."""
     found = []
     for path in sorted((run_dir / GRAPHS_DIR).glob("round_*.npz")):
         try:
-            with np.load(path) as data:
-                found.append((int(data["round"]), [str(n) for n in data["layers"]], data["matrices"]))
+            with np.load(path, allow_pickle=False) as data:
+                matrices = data["matrices"]
+                if "clients" in data:
+                    matrices = matrices[:, :, data["clients"]]
+                found.append((int(data["round"]), [str(n) for n in data["layers"]], matrices))
         except (OSError, ValueError, KeyError) as err:
             raise ValueError(f"{path}: not a readable graph file ({err})") from None
     return found

@@ -1,11 +1,13 @@
 """Client work: the one local-training loop and the one evaluation routine in graphfed.
 
 Both act on a batch of S clients at once: weights are rows of a ``[S, dim]`` tensor and data are the
-clients' padded splits. The Flower client runs exactly these functions with S = 1.
+clients' splits (rows stored once, gathered per mini-batch or evaluation block). The Flower client runs
+exactly these functions with S = 1.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -19,26 +21,40 @@ from graphfed.data.federation import ClientSplit, Task
 from graphfed.models.base import TargetModel
 
 
+def per_row_loss(outputs: torch.Tensor, targets: torch.Tensor, task: Task) -> torch.Tensor:
+    """Loss of every row: ``outputs [S, B, out]``, ``targets [S, B, ...]`` -> ``[S, B]``."""
+    if task == "classification":
+        num_clients, batch = outputs.shape[:2]
+        return F.cross_entropy(outputs.reshape(num_clients * batch, -1), targets.reshape(-1),
+                               reduction="none").view(num_clients, batch)
+    return (outputs - targets.reshape(outputs.shape)).pow(2).flatten(2).mean(-1)
+
+
 def per_client_loss(outputs: torch.Tensor, targets: torch.Tensor, task: Task,
                     row_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Mean loss per client: ``outputs [S, B, out]``, ``targets [S, B, ...]`` -> ``[S]``."""
-    if task == "classification":
-        num_clients, batch = outputs.shape[:2]
-        losses = F.cross_entropy(outputs.reshape(num_clients * batch, -1), targets.reshape(-1),
-                                 reduction="none").view(num_clients, batch)
-    else:
-        losses = (outputs - targets.reshape(outputs.shape)).pow(2).flatten(2).mean(-1)
+    losses = per_row_loss(outputs, targets, task)
     if row_mask is None:
         return losses.mean(1)
     # where, not multiply: padding rows may hold anything (NaN * 0 is NaN).
     return torch.where(row_mask, losses, 0.0).sum(1) / row_mask.sum(1).clamp_min(1)
 
 
-def _gather_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``tensor [S, M, *rest]``, ``index [S, B]`` -> ``[S, B, *rest]``."""
-    rest = tensor.shape[2:]
-    expanded = index.view(*index.shape, *([1] * len(rest))).expand(*index.shape, *rest)
-    return torch.gather(tensor, 1, expanded)
+def block_plan(data: ClientSplit, dim: int, max_elements: int = 20_000_000,
+               block_rows: int | None = None) -> tuple[int, int]:
+    """``(block_rows, blocks_per_chunk)`` for walking ``data`` in blocks: blocks about one mean client long (at most
+    256 rows, so a client wastes at most one partly filled block) unless ``block_rows`` is given, and as many
+    blocks per chunk as fit in ``max_elements`` values of inputs plus one weight copy per block."""
+    if block_rows is None:
+        mean_rows = -(-data.num_rows // max(data.num_clients, 1))
+        block_rows = int(min(max(mean_rows, 1), 256))
+    per_block = block_rows * max(1, data.x[0].numel() if len(data.x) else 1) + dim
+    return block_rows, max(1, max_elements // per_block)
+
+
+def sum_by_client(values: torch.Tensor, owner: torch.Tensor, num_clients: int) -> torch.Tensor:
+    """``[S]``: the sum of the per-block ``values [P]`` of each block's client."""
+    return torch.zeros(num_clients, dtype=values.dtype).index_add(0, owner, values)
 
 
 def draw_batch_indices(counts: torch.Tensor, steps: int, batch_size: int,
@@ -274,11 +290,11 @@ class LocalResult(NamedTuple):
 
 
 def label_histogram(data: ClientSplit, num_classes: int) -> torch.Tensor:
-    """``[S, classes]`` count of each label among each client's real training rows."""
-    mask = data.mask()
-    labels = torch.where(mask, data.y, 0)
-    counts = torch.zeros(data.num_clients, num_classes)
-    return counts.scatter_add_(1, labels, mask.to(torch.float32))
+    """``[S, classes]`` count of each label among each client's training rows."""
+    owner, rows = data.row_owners()
+    counts = torch.zeros(data.num_clients * num_classes)
+    counts.index_add_(0, owner * num_classes + data.y[rows], torch.ones(len(rows)))
+    return counts.view(data.num_clients, num_classes)
 
 
 def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data: ClientSplit,
@@ -311,14 +327,7 @@ def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data
     first_loss = last_loss = torch.zeros(data.num_clients)
     local = LocalStep(model, task, 0, [], has_data, training.lr, label_counts, data, broadcast or {})
     for step in range(steps):
-        batches = []
-        for draw in range(per_step):
-            index = batch_index[:, step * per_step + draw]
-            x_batch, y_batch = _gather_rows(data.x, index), _gather_rows(data.y, index)
-            if not every_client_has_rows:  # never let a client without rows read its padding
-                x_batch = torch.where(has_rows.view(-1, *[1] * (x_batch.ndim - 1)), x_batch, 0.0)
-                y_batch = torch.where(has_rows.view(-1, *[1] * (y_batch.ndim - 1)), y_batch, 0).to(y_batch.dtype)
-            batches.append((x_batch, y_batch))
+        batches = [data.gather(batch_index[:, step * per_step + draw]) for draw in range(per_step)]
         local = LocalStep(model, task, step, batches, has_data, training.lr, label_counts, data, broadcast or {})
         tracks, losses = rule.step(local, tracks, received)
         if step == 0:
@@ -347,10 +356,15 @@ def validation_feedback(model: TargetModel, spec: ParamSpec, start: torch.Tensor
     ``val_loss_pair``: ``[S, 2]``, its validation loss at ``start + mu*u`` and ``start - mu*u`` with ``u`` a
     unit direction drawn from ``seeds[i]`` (two scalars; the server redraws ``u`` from the same seed).
     """
-    mask = data.mask()
+    blocks = list(data.blocks(*block_plan(data, spec.dim)))  # a validation split: small enough to keep
 
     def losses(weights: torch.Tensor) -> torch.Tensor:
-        return per_client_loss(model.batched_forward(spec.unflatten(weights), data.x), data.y, task, mask)
+        total = torch.zeros(data.num_clients, dtype=weights.dtype)
+        for block in blocks:
+            outputs = model.batched_forward(spec.unflatten(weights[block.owner]), block.x)
+            row_losses = torch.where(block.mask, per_row_loss(outputs, block.y, task), 0.0)
+            total = total + sum_by_client(row_losses.sum(1), block.owner, data.num_clients)
+        return total / data.counts.clamp_min(1)
 
     if training.feedback == "val_gradient":
         leaf = start.detach().clone().requires_grad_(True)
@@ -406,38 +420,34 @@ class ClientScores:
 @torch.no_grad()
 def evaluate_clients(model: TargetModel, spec: ParamSpec, weights: torch.Tensor, data: ClientSplit,
                      task: Task, max_elements: int = 20_000_000,
-                     forward: Callable[[Weights, torch.Tensor, slice], torch.Tensor | None] | None = None,
+                     forward: Callable[[Weights, torch.Tensor, torch.Tensor], torch.Tensor | None] | None = None,
                      ) -> ClientScores:
-    """Each client's metric with its own weights on its own rows (padding rows masked out). ``forward``, if
-    given, may replace the model's outputs for a chunk of clients (``slice`` of rows of ``weights``).
+    """Each client's metric with its own weights on its own rows.
 
-    Clients go in chunks (one at a time for models that loop over clients anyway), each chunk cut to its
-    largest client, so little compute is spent on padding when client sizes differ a lot (Dirichlet splits).
+    Rows go in fixed-size blocks of one client each (:meth:`ClientSplit.blocks`), so the work per chunk does not
+    depend on how unequal the clients are. ``forward``, if given, may replace the model's outputs for a chunk
+    of blocks; it receives the blocks' weights, inputs and owners (positions of their clients in ``data``).
     """
-    per_client_rows = max(1, data.x[0].numel())
-    chunk = 1 if model.clients_in_loop else max(1, max_elements // per_client_rows)
-    parts = []
-    for lo in range(0, data.num_clients, chunk):
-        hi = min(lo + chunk, data.num_clients)
-        width = max(1, int(data.counts[lo:hi].max()))
-        part = ClientSplit(data.x[lo:hi, :width], data.y[lo:hi, :width], data.counts[lo:hi])
-        mask = part.mask()
-        chunk_weights = spec.unflatten(weights[lo:hi])
-        outputs = forward(chunk_weights, part.x, slice(lo, hi)) if forward is not None else None
+    num_clients = data.num_clients
+    metric_sum, loss_sum, abs_error_sum = (torch.zeros(num_clients) for _ in range(3))
+    for block in data.blocks(*block_plan(data, spec.dim, max_elements, model.evaluation_block_rows)):
+        block_weights = spec.unflatten(weights[block.owner])
+        outputs = forward(block_weights, block.x, block.owner) if forward is not None else None
         if outputs is None:
-            outputs = model.batched_forward(chunk_weights, part.x)
-        rows = part.counts.to(torch.float32)
+            outputs = model.batched_forward(block_weights, block.x)
+        row_losses = torch.where(block.mask, per_row_loss(outputs, block.y, task), 0.0)
+        loss_sum += sum_by_client(row_losses.sum(1), block.owner, num_clients)
         if task == "classification":
-            metric_sum = ((outputs.argmax(-1) == part.y) & mask).to(torch.float32).sum(1)
-            metric_elements = rows
-            abs_error_sum = torch.zeros_like(rows)
+            correct = (outputs.argmax(-1) == block.y) & block.mask
+            metric_sum += sum_by_client(correct.to(torch.float32).sum(1), block.owner, num_clients)
         else:
-            error = (outputs - part.y.reshape(outputs.shape)).flatten(2)
-            metric_sum = torch.where(mask, error.pow(2).sum(-1), 0.0).sum(1)
-            abs_error_sum = torch.where(mask, error.abs().sum(-1), 0.0).sum(1)
-            metric_elements = rows * error.shape[-1]
-        parts.append(ClientScores(metric=metric_sum / metric_elements.clamp_min(1.0),
-                                  loss=per_client_loss(outputs, part.y, task, mask), counts=part.counts,
-                                  metric_sum=metric_sum, metric_elements=metric_elements,
-                                  abs_error_sum=abs_error_sum))
-    return ClientScores.concat(parts)
+            error = (outputs - block.y.reshape(outputs.shape)).flatten(2)
+            metric_sum += sum_by_client(torch.where(block.mask, error.pow(2).sum(-1), 0.0).sum(1), block.owner,
+                                        num_clients)
+            abs_error_sum += sum_by_client(torch.where(block.mask, error.abs().sum(-1), 0.0).sum(1), block.owner,
+                                           num_clients)
+    rows = data.counts.to(torch.float32)
+    metric_elements = rows if task == "classification" else rows * math.prod(data.y.shape[1:])
+    return ClientScores(metric=metric_sum / metric_elements.clamp_min(1.0), loss=loss_sum / rows.clamp_min(1.0),
+                        counts=data.counts, metric_sum=metric_sum, metric_elements=metric_elements,
+                        abs_error_sum=abs_error_sum)

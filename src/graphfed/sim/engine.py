@@ -47,6 +47,8 @@ log = logging.getLogger("graphfed")
 __all__ = ["InvalidUpdateError", "NonFiniteUpdateError", "Setup", "Simulator", "check_update", "run_config"]
 
 BYTES_PER_VALUE = 4  # float32 on the wire
+#: collaboration-graph rows saved per evaluation; larger federations save a fixed sample of this many clients
+GRAPH_ROWS = 512
 
 
 @dataclass
@@ -233,11 +235,24 @@ class Simulator:
 
     def _save_graphs(self, completed_rounds: int) -> None:
         """Collaboration graphs are a result: save them at every evaluation (methods that have them)."""
-        graphs = self.setup.method.collaboration_graph()
-        if self.out_dir is None or graphs is None:
+        if self.out_dir is None:
+            return
+        rows = self.graph_rows()
+        graphs = self.setup.method.collaboration_graph(rows)
+        if graphs is None:
             return
         names = list(self.setup.spec.layers) if graphs.ndim == 3 else ["client graph"]
-        io.save_graphs(self.out_dir, completed_rounds, graphs, names)
+        io.save_graphs(self.out_dir, completed_rounds, graphs, names, rows)
+
+    def graph_rows(self) -> torch.Tensor | None:
+        """Whose rows of the collaboration graph are saved: every client's up to ``GRAPH_ROWS`` clients; above,
+        a fixed seeded sample of ``GRAPH_ROWS`` clients (a 10,000-client ``[L, N, N]`` graph would be gigabytes
+        per evaluation, and computing every row costs N x N)."""
+        num_clients = self.setup.federation.num_clients
+        if num_clients <= GRAPH_ROWS:
+            return None
+        order = torch.randperm(num_clients, generator=rng.generator(self.config.seed, 0, "graph_rows"))
+        return order[:GRAPH_ROWS].sort().values
 
     # ---- checkpoints --------------------------------------------------------------------------------
     def _checkpoint_state(self, completed_rounds: int) -> dict[str, Any]:

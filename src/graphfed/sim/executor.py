@@ -214,19 +214,18 @@ class ClientRuntime(ClientExecutor):
                                         forward=forward)
                 for split in SPLITS}
 
-    def _rule_forward(self, client_ids: torch.Tensor) -> Callable[[Weights, torch.Tensor, slice], torch.Tensor]:
+    def _rule_forward(self, client_ids: torch.Tensor) -> Callable[[Weights, torch.Tensor, torch.Tensor], torch.Tensor]:
         """Predictions of the rule's ``eval_forward`` for clients that trained, the model's for the others."""
         trained = self.store.has_trained(client_ids)
         train = self.federation.train.select(client_ids)
-        state = self.store.get(client_ids)  # gathered once, sliced per chunk
+        state = self.store.get(client_ids)  # gathered once, indexed per chunk
 
-        def forward(weights: Weights, x: torch.Tensor, rows: slice) -> torch.Tensor:
-            uses_rule = trained[rows]
+        def forward(weights: Weights, x: torch.Tensor, owners: torch.Tensor) -> torch.Tensor:
+            uses_rule = trained[owners]
             if not uses_rule.any():
                 return self.model.batched_forward(weights, x)
-            chunk = torch.arange(rows.start, rows.stop)
-            own = self.rule.eval_forward(self.model, weights, x, train.select(chunk),
-                                         {name: value[chunk] for name, value in state.items()})
+            own = self.rule.eval_forward(self.model, weights, x, train.select(owners),
+                                         {name: value[owners] for name, value in state.items()})
             if own is None:
                 return self.model.batched_forward(weights, x)
             if uses_rule.all():  # the model's own forward would be thrown away

@@ -33,13 +33,14 @@ def _unit_disc_offsets(count: int, rng: np.random.Generator) -> np.ndarray:
     return np.concatenate(kept)[:count]
 
 
-def make_fl_n(num_clients: int, rng: np.random.Generator,
-              samples_per_class: int = 50) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def make_fl_n(num_clients: int, rng: np.random.Generator, samples_per_class: int = 50,
+              knn: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Generate FL-N.
 
     Returns ``(xs, ys, adjacency, angles)``: xs float32 [T, 2 * samples_per_class, 2], ys int64
     [T, 2 * samples_per_class] (rows shuffled per client), adjacency float32 [T, T] symmetric 0/1 with zero
-    diagonal, angles float64 [T] in [0, 2*pi).
+    diagonal, angles float64 [T] in [0, 2*pi). ``knn > 0`` replaces the paper's Bernoulli graph (dense: about
+    half of all pairs are edges) by a sparse one: each client linked to its ``knn`` nearest clients by angle.
     """
     if num_clients < 1:
         raise ValueError(f"num_clients must be >= 1, got {num_clients}")
@@ -61,7 +62,27 @@ def make_fl_n(num_clients: int, rng: np.random.Generator,
     xs = np.take_along_axis(xs, perm[:, :, None], axis=1).astype(np.float32)
     ys = np.take_along_axis(ys, perm, axis=1).astype(np.int64)
 
+    if knn > 0:
+        return xs, ys, nearest_by_angle(angles, knn), angles
     prob = 0.5 * np.cos(angles[:, None] - angles[None, :]) + 0.5
     upper = np.triu(rng.random((t, t)) < prob, k=1)
     adjacency = (upper | upper.T).astype(np.float32)
     return xs, ys, adjacency, angles
+
+
+def nearest_by_angle(angles: np.ndarray, k: int) -> np.ndarray:
+    """``[T, T]`` 0/1 adjacency linking every client to its ``k`` nearest clients by angle on the circle
+    (symmetrised), in O(T k) work: on a circle the k nearest are among the k before and k after in angle order."""
+    t = len(angles)
+    k = min(k, t - 1)
+    order = np.argsort(angles)
+    offsets = np.concatenate([np.arange(-k, 0), np.arange(1, k + 1)])
+    candidates = order[(np.arange(t)[:, None] + offsets[None, :]) % t]  # [T, 2k] by sorted position
+    gap = np.abs(angles[order][:, None] - angles[candidates])
+    gap = np.minimum(gap, 2 * np.pi - gap)
+    nearest = np.take_along_axis(candidates, np.argsort(gap, axis=1, kind="stable")[:, :k], axis=1)
+    adjacency = np.zeros((t, t), dtype=np.float32)
+    adjacency[np.repeat(order, k), nearest.reshape(-1)] = 1.0
+    adjacency = np.maximum(adjacency, adjacency.T)
+    np.fill_diagonal(adjacency, 0.0)
+    return adjacency
