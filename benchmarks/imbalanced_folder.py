@@ -61,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         data_bytes = write_folder(folder, args.big_rows, args.tiny_clients, args.seed)
         clients = args.tiny_clients + 1
         graphfed = Path(sys.executable).parent / "graphfed"
-        command = [str(graphfed), "run", "--set", "dataset.name=folder", "--set", f"dataset.data_dir={folder}",
+        config = Path(tmp) / "config.yaml"
+        config.write_text("seed: 0\n", encoding="utf-8")
+        command = [str(graphfed), "run", str(config), "--set", "dataset.name=folder",
+                   "--set", f"dataset.data_dir={folder}",
                    "--set", "method.name=fedavg", "--set", "model.name=mlp", "--set", f"train.rounds={args.rounds}",
                    "--set", f"train.clients_per_round={clients}", "--set", "train.local_steps=10",
                    "--set", "train.eval_every=1", "--set", "torch_threads=2", "--out", str(Path(tmp) / "run"),

@@ -113,6 +113,27 @@ def test_collaboration_graphs_are_saved_and_plotted(make_config: ConfigFactory, 
         assert (tmp_path / "plots" / name).stat().st_size > 1000
 
 
+def test_large_federations_save_the_graph_rows_of_a_fixed_client_sample(make_config: ConfigFactory, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above GRAPH_ROWS clients only a fixed, seeded sample of clients' rows is saved (a 10,000-client [L, N, N]
+    graph would be gigabytes per evaluation): [L, R, N] rows of a row-stochastic graph, with the sample's ids;
+    the same rows at every evaluation, and the graph among the sample loads back square for the plots."""
+    from graphfed.sim import engine
+    from graphfed.sim.checkpoint import load_graphs
+
+    monkeypatch.setattr(engine, "GRAPH_ROWS", 5)
+    run_config(make_config("fedaghn", "train.rounds=10", "train.eval_every=5"), tmp_path, progress=False)
+    saved = sorted((tmp_path / "graphs").glob("round_*.npz"))
+    clients = []
+    for path in saved:
+        with np.load(path, allow_pickle=False) as data:
+            assert data["matrices"].shape == (3, 5, 12)
+            np.testing.assert_allclose(data["matrices"].sum(-1), 1.0, atol=1e-5)
+            clients.append(data["clients"].tolist())
+    assert clients[0] == clients[1] == sorted(set(clients[0])) and len(clients[0]) == 5
+    assert [matrices.shape for _, _, matrices in load_graphs(tmp_path)] == [(3, 5, 5), (3, 5, 5)]
+
+
 def test_plot_graphs_explains_a_run_without_graphs(make_config: ConfigFactory, tmp_path: Path) -> None:
     run_config(make_config("fedavg", "train.rounds=5"), tmp_path, progress=False)
     result = CliRunner().invoke(app, ["plot-graphs", str(tmp_path)])

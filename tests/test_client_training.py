@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -375,3 +376,40 @@ def test_evaluation_blocks_cover_every_row_once_however_unequal_the_clients() ->
             block.owner.repeat_interleave(16), block.x.flatten(), block.mask.flatten(), strict=True) if keep]
     expected = [(i, float(10_000 * i + r)) for i, c in enumerate(counts) for r in range(int(c))]
     assert sorted(seen) == sorted(expected)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_evaluation_of_one_shared_model_equals_per_client_evaluation(name: str) -> None:
+    """When every client holds the same weights (a global model), evaluation runs one network on all rows at
+    once; the scores are those of evaluating each client with its own copy."""
+    case = make_case(name, counts=[3, 11, 5, 20])
+    model = case.make_model()
+    spec = ParamSpec.from_module(model)
+    weights = start_weights(model, spec, 1).expand(4, -1).clone()
+    shared = evaluate_clients(model, spec, weights, case.data, case.task)
+    per_client = evaluate_clients(model, spec, weights, case.data, case.task, forward=lambda w, x, owners: None)
+    torch.testing.assert_close(shared.metric, per_client.metric)
+    torch.testing.assert_close(shared.loss, per_client.loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shared.metric, torch.tensor(direct_scores(case, weights)[0]))
+
+
+def test_splits_from_a_pool_reorder_it_in_place_and_hold_each_clients_rows() -> None:
+    """Image federations are cut from one pool of images without copying it: the pool is reordered in place and
+    every split is a slice of it, holding exactly the rows each client was given."""
+    rng = np.random.default_rng(0)
+    pool_x = rng.normal(size=(40, 2, 3)).astype(np.float32)
+    pool_y = np.arange(40, dtype=np.int64)
+    original = pool_x.copy()
+    parts = np.array_split(rng.permutation(40)[:37], 3)  # 3 clients; 3 pool rows belong to nobody
+    per_split = [[part[:4] for part in parts], [part[4:6] for part in parts], [part[6:] for part in parts]]
+    splits = ClientSplit.splits_from_pool(pool_x, pool_y, per_split, "classification")
+    assert all(split.x.untyped_storage().data_ptr() == splits[0].x.untyped_storage().data_ptr()
+               for split in splits)  # one storage, no copy
+    for split, indices in zip(splits, per_split, strict=True):
+        for client, index in enumerate(indices):
+            x, y = split.client(client)
+            np.testing.assert_array_equal(x.numpy(), original[index])
+            np.testing.assert_array_equal(y.numpy(), index)
+    with pytest.raises(ValueError, match="more than one client"):
+        ClientSplit.splits_from_pool(original.copy(), np.arange(40), [[np.array([1, 2])], [np.array([2])]],
+                                     "classification")

@@ -137,13 +137,9 @@ def _partition_description(cfg: DatasetConfig) -> str:
 
 
 def _image_clients(cfg: DatasetConfig, rng: np.random.Generator,
-                   ) -> tuple[list[np.ndarray], list[np.ndarray], torch.Tensor | None, str, int]:
-    """Per-client (images, labels), client groups (case study only), a description and the number of classes
-    of the image set ``IMAGE_SOURCES[cfg.name]``.
-
-    A helper of its own so that the pooled image array (70k MNIST / 60k CIFAR images) is freed once the
-    clients' copies exist.
-    """
+                   ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], torch.Tensor | None, str, int]:
+    """The pooled images and labels of ``IMAGE_SOURCES[cfg.name]``, each client's row indices into them, client
+    groups (case study only), a description and the number of classes."""
     from graphfed.data.datasets.digits import partition_indices
     from graphfed.data.datasets.idx import (
         CASESTUDY_GROUP_FRACTION,
@@ -173,8 +169,7 @@ def _image_clients(cfg: DatasetConfig, rng: np.random.Generator,
         parts = partition_indices(images.y, cfg, num_clients, rng)
         description = (f"{source.title}: {len(images.y)} images (train+test) over {num_clients} clients, "
                        f"{_partition_description(cfg)}")
-    xs, ys = [images.x[idx] for idx in parts], [images.y[idx] for idx in parts]
-    return xs, ys, groups, description, images.num_classes
+    return images.x, images.y, parts, groups, description, images.num_classes
 
 
 def build_federation(cfg: DatasetConfig, seed: int) -> Federation:
@@ -272,8 +267,18 @@ def _build_federation(cfg: DatasetConfig, seed: int) -> Federation:
                        f"{metr.zero_readings} zero (missing) readings kept as values; graph = {edges} edges "
                        f"with weight >= {cfg.graph_threshold}")
     elif cfg.name in IMAGE_FOLDERS:
-        xs, ys, groups, description, output_dim = _image_clients(cfg, part_rng)
-        input_shape, metric = tuple(xs[0].shape[1:]), "accuracy"
+        pool_x, pool_y, parts, groups, description, output_dim = _image_clients(cfg, part_rng)
+        input_shape, metric = tuple(pool_x.shape[1:]), "accuracy"
+        # one gather per split from the pool of images, not a copy per client and another per split
+        per_split: list[list[np.ndarray]] = [[], [], []]
+        for part in parts:
+            for split_rows, index in zip(per_split, split_client_indices(len(part), cfg.split, split_rng,
+                                                                         cfg.split_mode), strict=True):
+                split_rows.append(part[index])
+        train_s, val_s, test_s = ClientSplit.splits_from_pool(pool_x, pool_y, per_split, info.task)
+        presplit = (train_s, val_s, test_s)
+        del pool_x, pool_y
+        xs, ys = [], []
     elif cfg.name == "femnist":
         from graphfed.data.datasets import femnist
 

@@ -18,6 +18,25 @@ import torch
 Task = Literal["classification", "regression"]
 
 
+def permute_rows_in_place(array: np.ndarray, order: np.ndarray) -> None:
+    """``array[i] <- array[order[i]]`` for a permutation ``order``, following its cycles with one spare row (no
+    second copy of the array)."""
+    done = np.zeros(len(order), dtype=bool)
+    for start in range(len(order)):
+        if done[start]:
+            continue
+        done[start] = True
+        if order[start] == start:
+            continue
+        spare = array[start].copy()
+        position = start
+        while order[position] != start:
+            array[position] = array[order[position]]
+            position = int(order[position])
+            done[position] = True
+        array[position] = spare
+
+
 @dataclass
 class PaddedRows:
     """Some clients' rows copied onto a client axis (for computations over a client's whole split)."""
@@ -140,6 +159,32 @@ class ClientSplit:
         return ClientSplit.from_lists([x[i, :int(c)] for i, c in enumerate(counts)],
                                       [y[i, :int(c)] for i, c in enumerate(counts)],
                                       "classification" if not y.is_floating_point() else "regression")
+
+    @staticmethod
+    def splits_from_pool(x_pool: np.ndarray, y_pool: np.ndarray, per_split: Sequence[Sequence[np.ndarray]],
+                         task: Task) -> list[ClientSplit]:
+        """Splits whose client ``i`` holds rows ``per_split[k][i]`` of one pool (each pool row used at most once).
+
+        The pool's rows are reordered in place (split by split, client by client) and every split is a slice of
+        it: no copy of the data at all, so building a federation of a large image set costs the images once."""
+        counts = [torch.tensor([len(index) for index in indices], dtype=torch.int64) for indices in per_split]
+        used = np.concatenate([index for indices in per_split for index in indices]).astype(np.int64)
+        if len(np.unique(used)) != len(used):
+            raise ValueError("splits_from_pool: a pool row is given to more than one client or split")
+        unused = np.setdiff1d(np.arange(len(x_pool)), used)
+        order = np.concatenate([used, unused])
+        x_pool = np.ascontiguousarray(x_pool, dtype=np.float32)
+        for array in (x_pool, y_pool):
+            permute_rows_in_place(array, order)
+        x_all = torch.from_numpy(x_pool)
+        y_all = torch.as_tensor(y_pool, dtype=torch.int64 if task == "classification" else torch.float32)
+        splits, first = [], 0
+        for split_counts in counts:
+            rows = int(split_counts.sum())
+            splits.append(ClientSplit(x_all[first:first + rows], y_all[first:first + rows],
+                                      torch.cumsum(split_counts, 0) - split_counts, split_counts))
+            first += rows
+        return splits
 
     @staticmethod
     def from_lists(xs: Sequence[np.ndarray | torch.Tensor], ys: Sequence[np.ndarray | torch.Tensor],

@@ -17,6 +17,10 @@ from graphfed.core.memory import check_fits
 from graphfed.core.mixing import layer_bounds, mix_layers
 from graphfed.methods.base import Method, MethodContext, MethodOptions
 
+#: clients whose mixing rows are computed in one call when many clients need them (evaluation of never-trained
+#: clients, saved graphs): [L, rows, N] at a time, not [L, N, N]
+MIXING_ROWS_PER_CALL = 2048
+
 
 class PersonalizedAggregation(Method):
     def __init__(self, context: MethodContext, options: MethodOptions) -> None:
@@ -52,11 +56,15 @@ class PersonalizedAggregation(Method):
 
     @torch.no_grad()
     def eval_weights(self, client_ids: torch.Tensor) -> torch.Tensor:
-        trained = self.has_trained[client_ids].unsqueeze(1)
-        return torch.where(trained, self.client_weights[client_ids], self.personalize(client_ids))
+        weights = self.client_weights[client_ids].clone()
+        untrained = ~self.has_trained[client_ids]
+        if untrained.any():  # mixing rows are per client: a chunk at a time keeps memory O(chunk x N)
+            weights[untrained] = torch.cat([self.personalize(chunk)
+                                            for chunk in client_ids[untrained].split(MIXING_ROWS_PER_CALL)])
+        return weights
 
     @torch.no_grad()
     def collaboration_graph(self, client_ids: torch.Tensor | None = None) -> torch.Tensor:
         """``[L, rows, N]``: row i holds the weights client i's personalised model gives every client."""
         rows = torch.arange(self.context.num_clients) if client_ids is None else client_ids
-        return self.mixing(rows).detach()
+        return torch.cat([self.mixing(chunk).detach() for chunk in rows.split(MIXING_ROWS_PER_CALL)], dim=1)

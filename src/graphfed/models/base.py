@@ -18,8 +18,9 @@ class TargetModel(nn.Module):
     on CPU for tiny MLPs, where per-op overhead dominates).
     """
 
-    #: rows per evaluation block when the model needs a fixed size (batch-statistics BN: a client's split of up to
-    #: this many rows is normalised as one batch); None = about one mean client per block
+    #: rows per evaluation block when a row's output depends on the other rows of its batch (batch-statistics BN: a
+    #: client's split of up to this many rows is normalised as one batch); None = rows are independent, blocks are
+    #: about one mean client long
     evaluation_block_rows: int | None = None
     #: the submodule that maps features to outputs (classifier or regression head); personalisation methods
     #: that split a model into body and head (FedRep, FedRoD, ...) read it from here, never from parameter order

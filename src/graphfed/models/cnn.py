@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from graphfed.models.base import ClientGroups, TargetModel, batched_linear
@@ -66,8 +67,14 @@ class PflCNN(TargetModel):
 
     def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor,
                         features_only: bool = False) -> torch.Tensor:
-        groups = ClientGroups(x)
-        h = torch.relu(groups.conv2d(groups.images, params["conv1.weight"], params["conv1.bias"]))
-        h = torch.max_pool2d(torch.relu(groups.conv2d(h, params["conv2.weight"], params["conv2.bias"])), 2)
-        h = torch.relu(batched_linear(groups.per_client(h), params["fc1.weight"], params["fc1.bias"]))
+        # Convolutions client by client, linear layers batched: at 50 clients x batch 10 this trains in about 1.3x
+        # the combined-batch floor, where one grouped convolution over clients (best for LeNet) takes 1.6x:
+        # oneDNN's grouped kernels lose on 32 -> 64 channels per group. (Channels-last here was 7 % faster but
+        # its gradients of conv1 disagreed with a float64 reference on one client in three: not used.)
+        flat = []
+        for s in range(x.shape[0]):
+            h = torch.relu(F.conv2d(x[s], params["conv1.weight"][s], params["conv1.bias"][s]))
+            h = torch.max_pool2d(torch.relu(F.conv2d(h, params["conv2.weight"][s], params["conv2.bias"][s])), 2)
+            flat.append(h.flatten(1))
+        h = torch.relu(batched_linear(torch.stack(flat), params["fc1.weight"], params["fc1.bias"]))
         return h if features_only else batched_linear(h, params["fc2.weight"], params["fc2.bias"])

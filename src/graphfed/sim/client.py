@@ -40,11 +40,12 @@ def per_client_loss(outputs: torch.Tensor, targets: torch.Tensor, task: Task,
     return torch.where(row_mask, losses, 0.0).sum(1) / row_mask.sum(1).clamp_min(1)
 
 
-def block_plan(data: ClientSplit, dim: int, max_elements: int = 20_000_000,
+def block_plan(data: ClientSplit, dim: int, max_elements: int = 4_000_000,
                block_rows: int | None = None) -> tuple[int, int]:
     """``(block_rows, blocks_per_chunk)`` for walking ``data`` in blocks: blocks about one mean client long (at most
     256 rows, so a client wastes at most one partly filled block) unless ``block_rows`` is given, and as many
-    blocks per chunk as fit in ``max_elements`` values of inputs plus one weight copy per block."""
+    blocks per chunk as fit in ``max_elements`` values of inputs plus one weight copy per block. The default (16 MB
+    of inputs) bounds a CNN's activations to a few hundred MB: LeNet's first layer holds 4x its input."""
     if block_rows is None:
         mean_rows = -(-data.num_rows // max(data.num_clients, 1))
         block_rows = int(min(max(mean_rows, 1), 256))
@@ -419,7 +420,7 @@ class ClientScores:
 
 @torch.no_grad()
 def evaluate_clients(model: TargetModel, spec: ParamSpec, weights: torch.Tensor, data: ClientSplit,
-                     task: Task, max_elements: int = 20_000_000,
+                     task: Task, max_elements: int = 4_000_000,
                      forward: Callable[[Weights, torch.Tensor, torch.Tensor], torch.Tensor | None] | None = None,
                      ) -> ClientScores:
     """Each client's metric with its own weights on its own rows.
@@ -430,11 +431,19 @@ def evaluate_clients(model: TargetModel, spec: ParamSpec, weights: torch.Tensor,
     """
     num_clients = data.num_clients
     metric_sum, loss_sum, abs_error_sum = (torch.zeros(num_clients) for _ in range(3))
+    # Every client holding the same weights (a global model): one network on all blocks' rows at once, the
+    # cheapest forward there is. Not for models whose outputs depend on the batch (fixed evaluation blocks).
+    shared = (forward is None and model.evaluation_block_rows is None and len(weights) > 1
+              and bool((weights == weights[:1]).all()))
     for block in data.blocks(*block_plan(data, spec.dim, max_elements, model.evaluation_block_rows)):
-        block_weights = spec.unflatten(weights[block.owner])
-        outputs = forward(block_weights, block.x, block.owner) if forward is not None else None
-        if outputs is None:
-            outputs = model.batched_forward(block_weights, block.x)
+        if shared:
+            rows = block.x.reshape(1, -1, *block.x.shape[2:])
+            outputs = model.batched_forward(spec.unflatten(weights[:1]), rows).view(*block.mask.shape, -1)
+        else:
+            block_weights = spec.unflatten(weights[block.owner])
+            outputs = forward(block_weights, block.x, block.owner) if forward is not None else None
+            if outputs is None:
+                outputs = model.batched_forward(block_weights, block.x)
         row_losses = torch.where(block.mask, per_row_loss(outputs, block.y, task), 0.0)
         loss_sum += sum_by_client(row_losses.sum(1), block.owner, num_clients)
         if task == "classification":
