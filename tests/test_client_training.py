@@ -413,3 +413,31 @@ def test_splits_from_a_pool_reorder_it_in_place_and_hold_each_clients_rows() -> 
     with pytest.raises(ValueError, match="more than one client"):
         ClientSplit.splits_from_pool(original.copy(), np.arange(40), [[np.array([1, 2])], [np.array([2])]],
                                      "classification")
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_training_a_chunk_of_clients_at_a_time_changes_nothing(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large models train a chunk of clients at a time (cache-sized steps); weights, metrics and a stateful
+    rule's state (Ditto's personal models) are those of training all clients at once."""
+    from graphfed.methods.ditto import DittoRule
+    from graphfed.sim import client
+
+    case = make_case(name, counts=[3, 11, 0, 20, 7])
+    model = case.make_model()
+    spec = ParamSpec.from_module(model)
+    training = LocalTraining(steps=4, batch_size=5, lr=0.1)
+    start = start_weights(model, spec, 5)
+    rule = DittoRule(ClientSetting(spec, model.head_names, case.task, 3, training), 1.0, None)
+
+    def train() -> client.LocalResult:
+        return train_clients(model, spec, start, case.data, training, case.task, client_seeds(SEED, 5), rule,
+                             rule.init_state(start))
+
+    whole = train()
+    monkeypatch.setattr(client, "TRAINING_VALUES_PER_CHUNK", 2 * spec.dim)  # chunks of 2, 2 and 1 clients
+    chunked = train()
+    # equal up to float32 rounding (a grouped convolution over 2 clients sums in another order than over 5)
+    torch.testing.assert_close(chunked.trained, whole.trained, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(chunked.state["personal"], whole.state["personal"], atol=1e-5, rtol=1e-5)
+    for key, value in whole.metrics.items():
+        torch.testing.assert_close(chunked.metrics[key], value, atol=1e-5, rtol=1e-5)
