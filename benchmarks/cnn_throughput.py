@@ -45,7 +45,7 @@ from graphfed.models.base import TargetModel
 from graphfed.sim.client import LocalTraining, draw_batch_indices, train_clients
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_throughput import Timed, machine_info, time_interleaved
+from sim_throughput import Timed, machine_info, sgd_through_batches, time_interleaved
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TOLERANCE = 1e-4
@@ -105,12 +105,7 @@ def run_loop(work: Workload, indices: torch.Tensor) -> torch.Tensor:
     for client in range(work.data.num_clients):
         nn.utils.vector_to_parameters(work.start[client].clone(), module.parameters())
         optimizer = torch.optim.SGD(module.parameters(), lr=work.training.lr)
-        x, y = work.data.client(client)
-        for step in range(work.training.steps):
-            batch = indices[step, client]
-            optimizer.zero_grad(set_to_none=True)
-            nn.functional.cross_entropy(module(x[batch]), y[batch]).backward()
-            optimizer.step()
+        sgd_through_batches(module, optimizer, *work.data.client(client), indices[:, client])
         trained.append(spec.flatten_module(module).detach().clone())
     return torch.stack(trained)
 

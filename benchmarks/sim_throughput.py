@@ -146,16 +146,20 @@ def make_client_modules(work: Workload) -> list[tuple[nn.Module, torch.optim.Opt
     return modules
 
 
+def sgd_through_batches(module: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                        batches: torch.Tensor) -> None:
+    """Plain PyTorch training of one client: ``zero_grad / backward / step`` on each row-index batch in turn."""
+    for batch in batches:
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(module(x[batch]), y[batch]).backward()
+        optimizer.step()
+
+
 def run_loop(work: Workload, modules: list[tuple[nn.Module, torch.optim.Optimizer]],
              indices: torch.Tensor) -> torch.Tensor:
     """The plain baseline: each client trains its own module with its own optimizer."""
     for client, (module, optimizer) in enumerate(modules):
-        x, y = work.data.client(client)
-        for step in range(work.training.steps):
-            batch = indices[step, client]
-            optimizer.zero_grad(set_to_none=True)
-            nn.functional.cross_entropy(module(x[batch]), y[batch]).backward()
-            optimizer.step()
+        sgd_through_batches(module, optimizer, *work.data.client(client), indices[:, client])
     return torch.stack([nn.utils.parameters_to_vector(module.parameters()).detach() for module, _ in modules])
 
 
