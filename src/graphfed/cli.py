@@ -288,6 +288,62 @@ def inspect_command(directory: Annotated[Path | None, typer.Argument(help="a fed
     render_federation(fed, console, max_clients)
 
 
+@app.command("arch-graph")
+def arch_graph_command(
+        model: Annotated[str, typer.Argument(help="a model name (graphfed list), e.g. resnet-like")],
+        options: Annotated[list[str] | None, typer.Option("--option", help="model option KEY=VALUE (repeatable), "
+                                                          "e.g. arch=arch2")] = None,
+        input_shape: Annotated[str, typer.Option(help="input shape, comma-separated")] = "3,32,32",
+        classes: Annotated[int, typer.Option(help="outputs of the model")] = 10,
+        draw: Annotated[Path | None, typer.Option(help="also draw the graph to this PNG")] = None) -> None:
+    """The architecture graph FLHA-GHN's hypernetwork reads: layers and joins as nodes, data flow as edges."""
+    import yaml
+
+    from graphfed.models import build_model
+    from graphfed.models.arch_graph import architecture_graph
+
+    try:
+        shape = tuple(int(part) for part in input_shape.split(","))
+        parsed = {}
+        for option in options or []:
+            key, sep, value = option.partition("=")
+            if not sep:
+                raise ConfigError(f"--option {option!r}: expected KEY=VALUE")
+            parsed[key] = yaml.safe_load(value)
+    except ValueError:
+        _fail(f"--input-shape {input_shape!r}: expected integers separated by commas, e.g. 3,32,32", EXIT_CONFIG)
+        raise
+    except ConfigError as err:
+        _fail(str(err), EXIT_CONFIG)
+        raise
+    from graphfed.data.federation import ClientSplit, Federation
+
+    empty = ClientSplit.from_lists([], [], "classification")
+    federation = Federation(name="shape-only", task="classification", train=empty, val=empty, test=empty,
+                            input_shape=shape, output_dim=classes)
+    try:
+        graph = architecture_graph(build_model(model, federation, parsed))
+    except ConfigError as err:
+        _fail(str(err), EXIT_CONFIG)
+        raise
+    label = f"{model} {parsed}" if parsed else model
+    table = Table(title=f"{label}: {graph.num_nodes} nodes, {graph.edges.shape[1]} edges")
+    for header in ("#", "node", "type", "kernel", "stride", "width", "inputs from"):
+        table.add_column(header)
+    incoming: dict[int, list[int]] = {}
+    for source, target in graph.edges.T.tolist():
+        incoming.setdefault(target, []).append(source)
+    for i in range(graph.num_nodes):
+        cells = (graph.kernels[i], graph.strides[i], graph.widths[i])
+        table.add_row(str(i), graph.names[i], graph.kinds[i], *("" if c is None else str(c) for c in cells),
+                      ", ".join(str(s) for s in incoming.get(i, [])))
+    console.print(table)
+    if draw is not None:
+        from graphfed.report.plots import plot_arch_graph
+
+        console.print(f"drew {plot_arch_graph(graph, draw, title=label)}")
+
+
 @app.command("list")
 def list_components(options: Annotated[bool, typer.Option("--options", help="also list each method's options, "
                                                           "defaults and meaning")] = False) -> None:

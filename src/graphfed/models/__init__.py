@@ -14,6 +14,7 @@ from graphfed.models.cnn_bn import CNNBN
 from graphfed.models.gru import GRUForecaster
 from graphfed.models.lenet import LeNet
 from graphfed.models.mlp import MLP
+from graphfed.models.resnet_like import ResNetLike
 
 
 def _mlp(fed: Federation, hidden: int = 16, num_layers: int = 3) -> TargetModel:
@@ -29,6 +30,10 @@ def _cnn(fed: Federation, channels: int = 16, hidden: int = 64) -> TargetModel:
 
 def _pfl_cnn(fed: Federation) -> TargetModel:
     return PflCNN(fed.input_shape, fed.output_dim)
+
+
+def _resnet_like(fed: Federation, arch: str = "arch0", width: int = 8) -> TargetModel:
+    return ResNetLike(fed.input_shape, fed.output_dim, arch=arch, width=width)
 
 
 def _cnn_bn(fed: Federation, channels: int = 32, hidden: int = 512, kernel_size: int = 5) -> TargetModel:
@@ -55,6 +60,9 @@ MODELS: dict[str, tuple[Callable[..., TargetModel], str]] = {
     "cnn": (_cnn, "2 conv + 2 linear layers for (C, H, W) images (options: channels=16, hidden=64)"),
     "pfl-cnn": (_pfl_cnn, "pfl-research's CIFAR-10 benchmark CNN: 3x3 conv (32), 3x3 conv (64), 2x2 max-pool, "
                 "linear (128), linear; dropout left out (no options)"),
+    "resnet-like": (_resnet_like, "FLHA-GHN's architecture family: arch0 (ResNet-18 style), arch1 (10 layers, no "
+                    "skip), arch2 (skips first), arch3 (skips last), small (4 layers); batch-statistics BN "
+                    "(options: arch=arch0, width=8)"),
     "cnn-bn": (_cnn_bn, "FedAGHN's 4-layer CNN: 2x (5x5 conv, batch-statistics BN, ReLU, pool) + 2 linear layers "
                "(options: channels=32, hidden=512, kernel_size=5)"),
     "lenet": (_lenet, "LeNet-style CNN of pFedHN/pFedGAT on CIFAR: 2x (5x5 conv, ReLU, 2x2 max-pool) + 3 linear "

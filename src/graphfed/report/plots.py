@@ -99,3 +99,32 @@ def _heatmap_grid(panels: list[tuple[str, Any]], title: str, path: Path) -> Path
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_arch_graph(graph: Any, path: Path, title: str = "") -> Path:
+    """Draw an ``ArchGraph``: nodes top to bottom by depth (longest path from the input), coloured by type."""
+    depth = [0] * graph.num_nodes
+    for source, target in sorted(graph.edges.T.tolist(), key=lambda edge: edge[1]):  # sources precede targets
+        depth[target] = max(depth[target], depth[source] + 1)
+    columns: dict[int, int] = {}
+    position = []
+    for level in depth:
+        position.append((columns.get(level, 0), -level))
+        columns[level] = columns.get(level, 0) + 1
+    colours = {"input": "grey", "conv": "tab:blue", "bn": "tab:cyan", "linear": "tab:purple", "add": "tab:red",
+               "concat": "tab:orange", "pool": "tab:green"}
+    fig, ax = plt.subplots(figsize=(4 + max(columns.values()), 0.35 * (max(depth) + 2)), layout="constrained")
+    for source, target in graph.edges.T.tolist():
+        (x0, y0), (x1, y1) = position[source], position[target]
+        ax.annotate("", xy=(x1, y1), xytext=(x0, y0), arrowprops={"arrowstyle": "->", "color": "0.5", "lw": 0.8})
+    for kind, colour in colours.items():
+        points = [position[i] for i in range(graph.num_nodes) if graph.kinds[i] == kind]
+        if points:
+            ax.scatter(*zip(*points, strict=True), s=60, color=colour, label=kind, zorder=3)
+    ax.legend(loc="upper right", fontsize=7)
+    ax.set_axis_off()
+    ax.set_title(title or "architecture graph", fontsize=9)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
