@@ -77,7 +77,9 @@ class Panacea(EmbeddingHypernetwork):
         self.adjacency = (torch.zeros(n, n) if self.infer_graph
                           else context.client_graph.to(torch.float32).clone())
         self._edges = self._prepare_edges()
-        self.latest_delta = torch.zeros(0)
+        # each client's latest update, for inferring the graph; allocated up front so a checkpoint restores into it
+        inferring = self.infer_graph and self.uses_graph
+        self.latest_delta = torch.zeros(n if inferring else 0, context.spec.dim if inferring else 0)
         self.rounds_seen = 0
         if self.infer_graph and self.uses_graph:
             self.notes.append(f"{self.name}: no client graph given; inferring one by kNN (k={options.knn}) over "
@@ -119,8 +121,6 @@ class Panacea(EmbeddingHypernetwork):
         self.rounds_seen += 1
         if not (self.infer_graph and self.uses_graph):
             return
-        if self.latest_delta.numel() == 0:
-            self.latest_delta = torch.zeros(self.context.num_clients, delta.shape[1])
         self.latest_delta[client_ids] = delta.detach()
         if self.rounds_seen % self.options.graph_refresh_rounds == 0:
             seen = torch.nonzero(self.latest_delta.abs().sum(1) > 0).flatten()
@@ -130,7 +130,27 @@ class Panacea(EmbeddingHypernetwork):
                 self.adjacency[seen.unsqueeze(1), seen.unsqueeze(0)] = sub_graph
                 self._edges = self._prepare_edges()
 
+    def state_dict(self) -> dict[str, Any]:
+        """The client graph is saved as its edges (a dense [N, N] matrix is 400 MB at 10,000 clients), and only
+        when it was inferred: a given graph comes from the federation again on resume."""
+        state = super().state_dict()
+        adjacency = state.pop("adjacency")
+        if self.infer_graph:
+            edges = torch.nonzero(adjacency).T
+            state["adjacency_edges"], state["adjacency_weights"] = edges, adjacency[edges[0], edges[1]]
+        return state
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        edges, weights = state.pop("adjacency_edges", None), state.pop("adjacency_weights", None)
+        if self.infer_graph:
+            n = self.context.num_clients
+            if not (isinstance(edges, torch.Tensor) and isinstance(weights, torch.Tensor) and edges.ndim == 2
+                    and edges.shape[0] == 2 and not edges.is_floating_point() and weights.shape == (edges.shape[1],)
+                    and bool(((edges >= 0) & (edges < n)).all()) and bool(torch.isfinite(weights).all())):
+                raise ValueError(f"state 'adjacency_edges': the inferred client graph must be [2, E] client ids "
+                                 f"below {n} with E finite weights")
+            self.adjacency = torch.zeros(n, n).index_put((edges[0], edges[1]), weights.to(torch.float32))
         super().load_state_dict(state)
         self._edges = self._prepare_edges()
 
