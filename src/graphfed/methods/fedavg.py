@@ -31,6 +31,12 @@ class FedAvg(Method):
     def personalize(self, client_ids: torch.Tensor) -> torch.Tensor:
         return self.global_weights.unsqueeze(0).expand(len(client_ids), -1).clone()
 
+    def eval_weights(self, client_ids: torch.Tensor) -> torch.Tensor:
+        if type(self).personalize is not FedAvg.personalize:  # a subclass personalises what it sends (FedPAC)
+            return super().eval_weights(client_ids)
+        # a read-only view: 1,000 clients of a 1.6M-parameter model would otherwise copy 6.4 GB per evaluation
+        return self.global_weights.detach().unsqueeze(0).expand(len(client_ids), -1)
+
     def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
                metrics: dict[str, torch.Tensor]) -> None:
         # delta = sent - trained, so subtracting the mean delta moves towards the clients' models.

@@ -191,7 +191,9 @@ class ClientRuntime(ClientExecutor):
         """What each client evaluates with: clients that trained apply their rule (own state, fine-tuning);
         clients that never trained (novel clients) evaluate the weights they received, untouched."""
         trained = self.store.has_trained(client_ids)
-        if not trained.any():
+        keeps_received = (type(self.rule).eval_weights is ClientRule.eval_weights
+                          and not self.rule.eval_finetune_steps)
+        if not trained.any() or keeps_received:  # nothing to replace: no copy of [N, dim] weights
             return weights
         ids, rows = client_ids[trained], torch.nonzero(trained).flatten()
         own = self.rule.eval_weights(weights[rows], self.store.get(ids))
