@@ -10,7 +10,7 @@ The format (README, "Bring your own federation")::
 
 ``read_federation_folder`` validates the whole directory before anything is built and raises
 ``FederationFormatError`` naming the file (and the line or row) of the first problem it finds, so a bad folder
-never gets half-way into a run. ``load_federation`` then pads the validated arrays into a ``Federation``.
+never gets half-way into a run. ``load_federation`` then stores the validated arrays in a ``Federation``.
 ``write_federation`` writes the format and ``write_example_federation`` a small ready-made federation to try.
 """
 
@@ -82,7 +82,7 @@ class SplitArrays:
 
 @dataclass
 class FolderFederation:
-    """A validated federation folder: per-split arrays in client order, not padded yet."""
+    """A validated federation folder: per-split arrays in client order, not stored in a federation yet."""
 
     root: Path
     meta: FolderMeta
@@ -467,7 +467,7 @@ def read_federation_folder(root: str | Path) -> FolderFederation:
 
 def folder_to_federation(folder: FolderFederation, novel_fraction: float = 0.0,
                          rng: np.random.Generator | None = None) -> Federation:
-    """Pad a validated folder into a ``Federation``; ``rng`` picks the novel clients."""
+    """Store a validated folder in a ``Federation``; ``rng`` picks the novel clients."""
     n = len(folder.client_ids)
     train, val, test = (ClientSplit.from_lists([a.x for a in folder.splits[s]], [a.y for a in folder.splits[s]],
                                                folder.task) for s in SPLITS)
