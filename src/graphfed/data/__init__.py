@@ -7,6 +7,7 @@ changing the split fractions does not change which clients are novel, and one se
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -107,18 +108,26 @@ IMAGE_SOURCES = {
 IMAGE_FOLDERS = {name: source.folder for name, source in IMAGE_SOURCES.items()}
 
 
+def _split_pool(pool_x: np.ndarray, pool_y: np.ndarray, parts: Sequence[np.ndarray], cfg: DatasetConfig,
+                task: Task, rng: np.random.Generator) -> tuple[ClientSplit, ClientSplit, ClientSplit]:
+    """Split every client's rows of the pool (``parts[i]``: client i's row indices) by ``cfg.split`` /
+    ``cfg.split_mode``; the splits are cut from the pool in place (``ClientSplit.splits_from_pool``)."""
+    # per_split[k] collects every client's pool rows for split k (train, val, test).
+    per_split: list[list[np.ndarray]] = [[], [], []]
+    for part in parts:
+        for split_rows, index in zip(per_split, split_client_indices(len(part), cfg.split, rng, cfg.split_mode),
+                                     strict=True):
+            split_rows.append(part[index])
+    train, val, test = ClientSplit.splits_from_pool(pool_x, pool_y, per_split, task)
+    return train, val, test
+
+
 def _split_clients(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], cfg: DatasetConfig, task: Task,
                    rng: np.random.Generator) -> tuple[ClientSplit, ClientSplit, ClientSplit]:
-    """Split every client's rows by ``cfg.split`` / ``cfg.split_mode`` and pad onto the client axis."""
-    # per_split[k] collects (features, targets) of every client for split k (train, val, test).
-    per_split: list[tuple[list[np.ndarray], list[np.ndarray]]] = [([], []) for _ in range(3)]
-    for x, y in zip(xs, ys, strict=True):
-        for (split_xs, split_ys), idx in zip(
-                per_split, split_client_indices(len(x), cfg.split, rng, cfg.split_mode), strict=True):
-            split_xs.append(x[idx])
-            split_ys.append(y[idx])
-    train, val, test = (ClientSplit.from_lists(sx, sy, task) for sx, sy in per_split)
-    return train, val, test
+    """Split every client's rows (``xs[i]``, ``ys[i]``) by ``cfg.split`` / ``cfg.split_mode``."""
+    offsets = np.cumsum([0, *(len(x) for x in xs)])
+    parts = [np.arange(lo, hi) for lo, hi in itertools.pairwise(offsets)]
+    return _split_pool(np.concatenate(xs), np.concatenate(ys), parts, cfg, task, rng)
 
 
 def _fixed_client_count(cfg: DatasetConfig, count: int) -> None:
@@ -269,14 +278,8 @@ def _build_federation(cfg: DatasetConfig, seed: int) -> Federation:
     elif cfg.name in IMAGE_FOLDERS:
         pool_x, pool_y, parts, groups, description, output_dim = _image_clients(cfg, part_rng)
         input_shape, metric = tuple(pool_x.shape[1:]), "accuracy"
-        # one gather per split from the pool of images, not a copy per client and another per split
-        per_split: list[list[np.ndarray]] = [[], [], []]
-        for part in parts:
-            for split_rows, index in zip(per_split, split_client_indices(len(part), cfg.split, split_rng,
-                                                                         cfg.split_mode), strict=True):
-                split_rows.append(part[index])
-        train_s, val_s, test_s = ClientSplit.splits_from_pool(pool_x, pool_y, per_split, info.task)
-        presplit = (train_s, val_s, test_s)
+        # the splits are cut from the pool of images in place: no copy per client, none per split
+        presplit = _split_pool(pool_x, pool_y, parts, cfg, info.task, split_rng)
         del pool_x, pool_y
         xs, ys = [], []
     elif cfg.name == "femnist":

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from graphfed.core.params import ParamSpec
 from graphfed.core.rng import unit_direction as rng_direction
-from graphfed.data.federation import ClientSplit, Task
+from graphfed.data.federation import ClientSplit, RowBlocks, Task
 from graphfed.models.base import TargetModel
 
 
@@ -30,14 +30,9 @@ def per_row_loss(outputs: torch.Tensor, targets: torch.Tensor, task: Task) -> to
     return (outputs - targets.reshape(outputs.shape)).pow(2).flatten(2).mean(-1)
 
 
-def per_client_loss(outputs: torch.Tensor, targets: torch.Tensor, task: Task,
-                    row_mask: torch.Tensor | None = None) -> torch.Tensor:
+def per_client_loss(outputs: torch.Tensor, targets: torch.Tensor, task: Task) -> torch.Tensor:
     """Mean loss per client: ``outputs [S, B, out]``, ``targets [S, B, ...]`` -> ``[S]``."""
-    losses = per_row_loss(outputs, targets, task)
-    if row_mask is None:
-        return losses.mean(1)
-    # where, not multiply: padding rows may hold anything (NaN * 0 is NaN).
-    return torch.where(row_mask, losses, 0.0).sum(1) / row_mask.sum(1).clamp_min(1)
+    return per_row_loss(outputs, targets, task).mean(1)
 
 
 def block_plan(data: ClientSplit, dim: int, max_elements: int = 4_000_000,
@@ -49,13 +44,15 @@ def block_plan(data: ClientSplit, dim: int, max_elements: int = 4_000_000,
     if block_rows is None:
         mean_rows = -(-data.num_rows // max(data.num_clients, 1))
         block_rows = int(min(max(mean_rows, 1), 256))
-    per_block = block_rows * max(1, data.x[0].numel() if len(data.x) else 1) + dim
+    per_block = block_rows * math.prod(data.x.shape[1:]) + dim
     return block_rows, max(1, max_elements // per_block)
 
 
-def sum_by_client(values: torch.Tensor, owner: torch.Tensor, num_clients: int) -> torch.Tensor:
-    """``[S]``: the sum of the per-block ``values [P]`` of each block's client."""
-    return torch.zeros(num_clients, dtype=values.dtype).index_add(0, owner, values)
+def sum_by_client(values: torch.Tensor, block: RowBlocks, num_clients: int) -> torch.Tensor:
+    """``[S]``: per client, the sum of ``values [P, B]`` over the real rows of its blocks (where, not multiply:
+    a block's padding rows may hold anything, and NaN * 0 is NaN)."""
+    per_block = torch.where(block.mask, values, 0.0).sum(1)
+    return torch.zeros(num_clients, dtype=per_block.dtype).index_add(0, block.owner, per_block)
 
 
 def draw_batch_indices(counts: torch.Tensor, steps: int, batch_size: int,
@@ -380,8 +377,7 @@ def validation_feedback(model: TargetModel, spec: ParamSpec, start: torch.Tensor
         total = torch.zeros(data.num_clients, dtype=weights.dtype)
         for block in blocks:
             outputs = model.batched_forward(spec.unflatten(weights[block.owner]), block.x)
-            row_losses = torch.where(block.mask, per_row_loss(outputs, block.y, task), 0.0)
-            total = total + sum_by_client(row_losses.sum(1), block.owner, data.num_clients)
+            total = total + sum_by_client(per_row_loss(outputs, block.y, task), block, data.num_clients)
         return total / data.counts.clamp_min(1)
 
     if training.feedback == "val_gradient":
@@ -462,17 +458,14 @@ def evaluate_clients(model: TargetModel, spec: ParamSpec, weights: torch.Tensor,
             outputs = forward(block_weights, block.x, block.owner) if forward is not None else None
             if outputs is None:
                 outputs = model.batched_forward(block_weights, block.x)
-        row_losses = torch.where(block.mask, per_row_loss(outputs, block.y, task), 0.0)
-        loss_sum += sum_by_client(row_losses.sum(1), block.owner, num_clients)
+        loss_sum += sum_by_client(per_row_loss(outputs, block.y, task), block, num_clients)
         if task == "classification":
-            correct = (outputs.argmax(-1) == block.y) & block.mask
-            metric_sum += sum_by_client(correct.to(torch.float32).sum(1), block.owner, num_clients)
+            correct = (outputs.argmax(-1) == block.y).to(torch.float32)
+            metric_sum += sum_by_client(correct, block, num_clients)
         else:
             error = (outputs - block.y.reshape(outputs.shape)).flatten(2)
-            metric_sum += sum_by_client(torch.where(block.mask, error.pow(2).sum(-1), 0.0).sum(1), block.owner,
-                                        num_clients)
-            abs_error_sum += sum_by_client(torch.where(block.mask, error.abs().sum(-1), 0.0).sum(1), block.owner,
-                                           num_clients)
+            metric_sum += sum_by_client(error.pow(2).sum(-1), block, num_clients)
+            abs_error_sum += sum_by_client(error.abs().sum(-1), block, num_clients)
     rows = data.counts.to(torch.float32)
     metric_elements = rows if task == "classification" else rows * math.prod(data.y.shape[1:])
     return ClientScores(metric=metric_sum / metric_elements.clamp_min(1.0), loss=loss_sum / rows.clamp_min(1.0),
