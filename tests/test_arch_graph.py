@@ -93,3 +93,5 @@ def test_arch_graph_command_prints_and_draws(tmp_path: Path) -> None:
     assert (tmp_path / "arch3.png").stat().st_size > 1000
     bad = runner.invoke(cli.app, ["arch-graph", "resnet-like", "--option", "arch=arch9"])
     assert bad.exit_code == 2 and "arch9" in bad.output
+    missing = runner.invoke(cli.app, ["arch-graph", "resnet-like", "--option", "arch"])
+    assert missing.exit_code == 2 and "--option 'arch': expected KEY=VALUE" in missing.output

@@ -297,8 +297,7 @@ def arch_graph_command(
         classes: Annotated[int, typer.Option(help="outputs of the model")] = 10,
         draw: Annotated[Path | None, typer.Option(help="also draw the graph to this PNG")] = None) -> None:
     """The architecture graph FLHA-GHN's hypernetwork reads: layers and joins as nodes, data flow as edges."""
-    import yaml
-
+    from graphfed.config import parse_override
     from graphfed.models import build_model
     from graphfed.models.arch_graph import architecture_graph
 
@@ -306,15 +305,13 @@ def arch_graph_command(
         shape = tuple(int(part) for part in input_shape.split(","))
         parsed = {}
         for option in options or []:
-            key, sep, value = option.partition("=")
-            if not sep:
-                raise ConfigError(f"--option {option!r}: expected KEY=VALUE")
-            parsed[key] = yaml.safe_load(value)
+            keys, value = parse_override(option, "--option", "arch=arch2")
+            parsed[".".join(keys)] = value
+    except ConfigError as err:  # before ValueError: a ConfigError is one
+        _fail(str(err), EXIT_CONFIG)
+        raise
     except ValueError:
         _fail(f"--input-shape {input_shape!r}: expected integers separated by commas, e.g. 3,32,32", EXIT_CONFIG)
-        raise
-    except ConfigError as err:
-        _fail(str(err), EXIT_CONFIG)
         raise
     from graphfed.data.federation import ClientSplit, Federation
 

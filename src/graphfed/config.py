@@ -145,10 +145,10 @@ def _first_error(err: ValidationError) -> str:
     return f"{field}: {message}" if field else message
 
 
-def parse_override(text: str) -> tuple[list[str], Any]:
+def parse_override(text: str, flag: str = "--set", example: str = "train.rounds=100") -> tuple[list[str], Any]:
     """``a.b=v`` -> (["a", "b"], v) with ``v`` parsed as YAML (numbers, booleans, lists)."""
     if "=" not in text:
-        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. train.rounds=100")
+        raise ConfigError(f"{flag} {text!r}: expected KEY=VALUE, e.g. {example}")
     key, raw = text.split("=", 1)
     return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
 
