@@ -32,6 +32,8 @@ bench: $(STAMP)
 	$(BIN)/graphfed bench benchmarks/suites/paper.yaml --out benchmarks/results/paper
 	$(BIN)/python benchmarks/aggregation_family.py
 	$(BIN)/python benchmarks/flower_overhead.py
+	$(BIN)/python benchmarks/flha.py run
+	$(BIN)/python benchmarks/flha.py report
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

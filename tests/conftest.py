@@ -38,6 +38,14 @@ TINY_METHOD_OPTIONS: dict[str, str] = {
 ConfigFactory = Callable[..., RunConfig]
 
 
+def single_architecture_methods() -> list[str]:
+    """Registered methods that run on one architecture (FLHA-GHN and FLHA-distillation federate the clients' own
+    architectures and need ``model.architectures``: ``tests/test_flha_ghn.py`` covers them)."""
+    from graphfed.methods import METHODS
+
+    return sorted(name for name, cls in METHODS.items() if cls.architectures not in ("ghn", "teacher"))
+
+
 def tiny_overrides(method: str = "fedavg", *overrides: str) -> list[str]:
     """The ``--set`` list of a tiny run of ``method``; later ``overrides`` win."""
     extra = [TINY_METHOD_OPTIONS[method]] if method in TINY_METHOD_OPTIONS else []

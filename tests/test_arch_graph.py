@@ -17,7 +17,8 @@ from graphfed.models.resnet_like import ARCHITECTURES, ResNetLike
 
 # conv layers (3x3 ones + 1x1 projections of downsampling skips), add nodes, layers as the paper counts them
 EXPECTED = {"arch0": (17 + 3, 8, 18), "arch1": (9, 0, 10), "arch2": (11 + 1, 2, 12), "arch3": (11 + 3, 4, 12),
-            "small": (3, 0, 4)}
+            "small": (3, 0, 4), "plain4": (3, 0, 4), "plain7": (6, 0, 7), "plain10": (9, 0, 10),
+            "plain13": (12, 0, 13)}
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)

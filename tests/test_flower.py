@@ -7,12 +7,11 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import TINY_METHOD_OPTIONS, without_wall_time
+from conftest import TINY_METHOD_OPTIONS, single_architecture_methods, without_wall_time
 from graphfed.config import RunConfig, dump_config, load_config
 from graphfed.flower import protocol
 from graphfed.flower.app import client_app, run_on_grid
 from graphfed.flower.inprocess import InProcessGrid
-from graphfed.methods import METHODS
 from graphfed.sim.engine import run_config
 
 NUM_CLIENTS = 6
@@ -43,7 +42,7 @@ def comparable(summary: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in without_wall_time(summary).items() if k != "dropped_clients"}
 
 
-@pytest.mark.parametrize("method", [*sorted(METHODS), "pfedgat-loss-only"])
+@pytest.mark.parametrize("method", [*single_architecture_methods(), "pfedgat-loss-only"])
 def test_flower_engine_gives_the_simulators_numbers(method: str) -> None:
     """3 rounds on FL-N with 6 clients: every metric of the summary equals the simulator's, exactly, for every
     registered method (pFedGAT's validation feedback travels in the reply too; client-rule state such as

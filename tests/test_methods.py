@@ -11,10 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import ConfigFactory, read_rounds
+from conftest import ConfigFactory, read_rounds, single_architecture_methods
 from graphfed.config import load_config
 from graphfed.data import build_federation
-from graphfed.methods import METHODS
 from graphfed.methods.panacea import Panacea
 from graphfed.nn.gnn import GNNEncoder
 from graphfed.sim.engine import Simulator, run_config
@@ -52,7 +51,7 @@ def assert_same_state(a: Any, b: Any, path: str = "state") -> None:
 # ---- every method ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", single_architecture_methods())
 def test_every_method_learns_personalised_weights_that_stay_finite(name: str, make_config: ConfigFactory) -> None:
     """A few rounds move the evaluation weights of every trained client, and all weights stay finite."""
     simulator = Simulator(make_config(name), progress=False)
@@ -66,7 +65,7 @@ def test_every_method_learns_personalised_weights_that_stay_finite(name: str, ma
     assert moved[sampled].all(), f"{name}: clients {sampled[~moved[sampled]].tolist()} did not change"
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", single_architecture_methods())
 def test_state_dict_round_trip_reproduces_the_method_exactly(name: str, make_config: ConfigFactory) -> None:
     """A fresh method loaded from state_dict() personalises exactly like the original, and stays identical
     after one more round (optimizer moments, generators and counters are part of the state)."""
@@ -89,7 +88,7 @@ def test_state_dict_round_trip_reproduces_the_method_exactly(name: str, make_con
     assert torch.equal(scores[0], scores[1])
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", single_architecture_methods())
 def test_novel_adaptation_leaves_the_method_state_unchanged(name: str, make_config: ConfigFactory) -> None:
     """Simulator.evaluate_novel_adapted adapts novel embeddings on a copy: afterwards every tensor of the
     method's state and every personalised weight is exactly what it was. Methods without adaptation report

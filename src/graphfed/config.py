@@ -45,6 +45,9 @@ class DatasetConfig(_Strict):
     dirichlet_beta: float = Field(default=0.5, gt=0)
     classes_per_client: int = Field(default=2, ge=1)
     min_samples_per_client: int = Field(default=10, ge=1)
+    client_fraction: float | None = Field(default=None, gt=0.0, le=1.0, description="partitioned datasets: each "
+                                          "client keeps this share of all rows (FLHA-GHN's 'local data %'; the "
+                                          "partition decides which labels, this how many); default: all rows dealt")
     split: tuple[float, float, float] = (0.7, 0.1, 0.2)
     split_mode: Literal["random", "chronological"] = "random"
     novel_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
@@ -72,6 +75,24 @@ class DatasetConfig(_Strict):
 class ModelConfig(_Strict):
     name: str = "mlp"
     options: dict[str, Any] = Field(default_factory=dict)
+    architectures: list[str] | None = Field(
+        default=None, min_length=1, description="heterogeneous clients: values of the model's 'arch' option, "
+        "assigned to clients round-robin (client i gets architectures[i % len]) unless architecture_of is given")
+    architecture_of: list[str] | None = Field(
+        default=None, min_length=1, description="each client's architecture, one entry per client (each one of "
+        "architectures)")
+
+    @model_validator(mode="after")
+    def _assignment_is_among_architectures(self) -> ModelConfig:
+        if self.architecture_of is not None:
+            if self.architectures is None:
+                raise ValueError("model.architecture_of needs model.architectures (the architectures it names)")
+            unknown = sorted(set(self.architecture_of) - set(self.architectures))
+            if unknown:
+                raise ValueError(f"model.architecture_of names {unknown}, which model.architectures does not list")
+        if self.architectures is not None and len(set(self.architectures)) != len(self.architectures):
+            raise ValueError("model.architectures lists an architecture twice")
+        return self
 
 
 class MethodConfig(_Strict):
@@ -126,6 +147,19 @@ class RunConfig(_Strict):
 
         check_model_options(self.model.name, self.model.options)
         parse_options(self.method.name, self.method.options)
+        from graphfed.methods import MIXED_ARCHITECTURE_METHODS, method_class
+
+        wire = method_class(self.method.name).architectures
+        if self.model.architectures is None and wire in ("ghn", "teacher"):
+            raise ValueError(f"method.name: '{self.method.name}' federates the clients' own architectures; set "
+                             f"model.architectures (e.g. model.name=resnet-like, model.architectures=[arch0, arch1])")
+        if self.model.architectures is not None:
+            from graphfed.models.family import check_architectures
+
+            check_architectures(self.model.name, self.model.options, self.model.architectures)
+            if wire == "shared":
+                raise ValueError(f"method.name: '{self.method.name}' runs one architecture on every client; with "
+                                 f"model.architectures use {', '.join(MIXED_ARCHITECTURE_METHODS)}")
         return self
 
 

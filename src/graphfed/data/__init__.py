@@ -203,6 +203,10 @@ def _build_federation(cfg: DatasetConfig, seed: int) -> Federation:
     if cfg.graph_knn and cfg.name not in ("fl60", "fln"):
         raise ConfigError(f"dataset.graph_knn: only fl60 and fln generate their client graph; {cfg.name} "
                           f"brings its own (or none). Remove dataset.graph_knn")
+    partitioned = ("digits", "mnist", "fashion-mnist", "cifar10")
+    if cfg.client_fraction is not None and cfg.name not in partitioned:
+        raise ConfigError(f"dataset.client_fraction: only datasets partitioned over clients ({', '.join(partitioned)})"
+                          f" take it; {cfg.name} has its own clients")
     gen_rng, part_rng, split_rng, novel_rng = np.random.default_rng(seed).spawn(4)
     if cfg.name == "folder":
         # The folder brings its own splits (no partition/split step); only the novel-client choice is ours.

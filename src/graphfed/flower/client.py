@@ -14,65 +14,60 @@ import yaml
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from graphfed.config import RunConfig, validate_config
-from graphfed.core.params import ParamSpec
+from graphfed.config import validate_config
 from graphfed.data import build_federation
-from graphfed.data.federation import Federation
 from graphfed.flower import protocol
-from graphfed.methods import build_client_rule
-from graphfed.models import build_model
-from graphfed.models.base import TargetModel
-from graphfed.sim.engine import client_setting
-from graphfed.sim.executor import ClientRuntime, ClientStateStore
+from graphfed.sim.engine import ClientSide
+from graphfed.sim.executor import ArchitectureRuntime, ClientRuntime
 
 client_app = ClientApp()
 
 
 @functools.lru_cache(maxsize=2)
-def _client_side(config_yaml: str) -> tuple[RunConfig, TargetModel, ParamSpec, Federation]:
-    """Config, model and data for a run, built once per process (the config text is the cache key)."""
+def _client_side(config_yaml: str) -> ClientSide:
+    """Config, networks and data for a run, built once per process (the config text is the cache key)."""
     config = validate_config(yaml.safe_load(config_yaml))
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
-    federation = build_federation(config.dataset, config.seed)
-    model = build_model(config.model.name, federation, config.model.options)
-    return config, model, ParamSpec.from_module(model), federation
+    return ClientSide.build(config, build_federation(config.dataset, config.seed))
 
 
-def _client_id(context: Context) -> tuple[int, tuple[RunConfig, TargetModel, ParamSpec, Federation]]:
+def _client_id(context: Context) -> tuple[int, ClientSide]:
     side = _client_side(str(context.run_config[protocol.RUN_CONFIG_KEY]))
     if protocol.PARTITION_KEY not in context.node_config:
         raise ValueError("this SuperNode has no node config 'partition-id'; start it with "
                          "--node-config \"partition-id=<client id> num-partitions=<clients>\"")
     client_id = int(context.node_config[protocol.PARTITION_KEY])
-    num_clients = side[3].num_clients
+    num_clients = side.federation.num_clients
     if not 0 <= client_id < num_clients:
         raise ValueError(f"partition-id {client_id} is outside the federation's clients 0..{num_clients - 1}")
     return client_id, side
 
 
-def _runtime(message: Message, context: Context) -> tuple[ClientRuntime, int, torch.Tensor, ConfigRecord]:
+def _runtime(message: Message, context: Context) -> tuple[ClientRuntime | ArchitectureRuntime, int, torch.Tensor,
+                                                          ConfigRecord]:
     """This node's client, with the method's client rule built from the run config and the client's state
-    (what it kept from earlier rounds) restored from ``context.state``."""
-    client_id, (run_config, model, spec, federation) = _client_id(context)
+    (what it kept from earlier rounds) restored from ``context.state``. With mixed architectures the node builds
+    its own architecture's network from the run config and its partition id."""
+    client_id, side = _client_id(context)
     config = message.content["config"]
     if int(config["client-id"]) != client_id:
         raise ValueError(f"message for client {config['client-id']} reached client {client_id}")
     weights = protocol.record_weights(message.content["arrays"])
-    if weights.shape != (spec.dim,):
-        raise ValueError(f"received {tuple(weights.shape)} weights, the model has {spec.dim}")
-    setting = client_setting(model, spec, federation, protocol.training_from(config))
-    rule = build_client_rule(run_config.method.name, run_config.method.options, setting)
-    store = ClientStateStore(torch.tensor([client_id]))
+    if weights.shape != (side.spec.dim,):
+        raise ValueError(f"received {tuple(weights.shape)} weights, the model has {side.spec.dim}")
+    runtime = side.executor(side.rules(protocol.training_from(config)), int(config["seed"]),
+                            torch.tensor([client_id]))
     if protocol.CLIENT_STATE_KEY in context.state:
+        store = runtime.runtime_of(client_id).store
         store.load_state_dict(protocol.record_state(context.state[protocol.CLIENT_STATE_KEY]))
-    runtime = ClientRuntime(model, spec, federation, rule, int(config["seed"]), store)
     return runtime, client_id, weights, config
 
 
-def _keep_state(runtime: ClientRuntime, context: Context) -> None:
+def _keep_state(runtime: ClientRuntime | ArchitectureRuntime, client_id: int, context: Context) -> None:
     """Persist the client's state in the node (in deployment every message may start a new process)."""
-    context.state[protocol.CLIENT_STATE_KEY] = protocol.state_record(runtime.store.state_dict())
+    store = runtime.runtime_of(client_id).store
+    context.state[protocol.CLIENT_STATE_KEY] = protocol.state_record(store.state_dict())
 
 
 def _remember(context: Context, key: str) -> None:
@@ -98,9 +93,9 @@ def train(message: Message, context: Context) -> Message:
         arrays = message.content["broadcast"].to_torch_state_dict()
         broadcast = {name: value.unsqueeze(0) for name, value in arrays.items()}
     result = runtime.train(ids, weights.unsqueeze(0), int(config["round"]), purpose, broadcast=broadcast)
-    _keep_state(runtime, context)
+    _keep_state(runtime, client_id, context)
     _remember(context, "rounds-trained")
-    uploads = list(runtime.rule.upload_shapes()) if purpose == "local_training" else []
+    uploads = list(runtime.runtime_of(client_id).rule.upload_shapes()) if purpose == "local_training" else []
     return Message(protocol.train_reply(result.delta, result.metrics, client_id, uploads), reply_to=message)
 
 

@@ -20,6 +20,8 @@ from graphfed.methods.fedpac import FedPAC
 from graphfed.methods.fedprox import FedProx, FedProxFT
 from graphfed.methods.fedrep import FedRep
 from graphfed.methods.fedrod import FedRoD
+from graphfed.methods.flha_distill import FlhaDistill
+from graphfed.methods.flha_ghn import FlhaGhn
 from graphfed.methods.knnper import KNNPer
 from graphfed.methods.local import Local
 from graphfed.methods.panacea import Panacea, PanaceaGN, PanaceaMLP
@@ -36,8 +38,10 @@ METHODS: dict[str, type[Method]] = {
     cls.name: cls for cls in (Local, FedAvg, FedAvgFT, PFedHN, Panacea, PanaceaGN, PanaceaMLP, FedAGHN, PFedGAT,
                               SFL, FedAMP, HFedAMP, CFL, PFedGraph, PFedLA,
                               FedProx, FedProxFT, Ditto, PFedMe, PerFedAvg, FedRep, FedALA, FedRoD, KNNPer, FedCP,
-                              FedPAC, FedAH)
+                              FedPAC, FedAH, FlhaGhn, FlhaDistill)
 }
+#: methods that federate clients of different architectures (``model.architectures``)
+MIXED_ARCHITECTURE_METHODS = tuple(name for name, cls in METHODS.items() if cls.architectures != "shared")
 
 
 def method_class(name: str) -> type[Method]:
@@ -67,4 +71,5 @@ def build_client_rule(name: str, options: dict[str, Any], setting: ClientSetting
     return method_class(name).client_rule(parse_options(name, options), setting)
 
 
-__all__ = ["METHODS", "Method", "MethodContext", "build_client_rule", "build_method", "method_class", "parse_options"]
+__all__ = ["METHODS", "MIXED_ARCHITECTURE_METHODS",
+            "Method", "MethodContext", "build_client_rule", "build_method", "method_class", "parse_options"]

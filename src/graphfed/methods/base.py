@@ -24,6 +24,8 @@ from torch import nn
 
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import Task
+from graphfed.models.base import TargetModel
+from graphfed.models.family import ArchitectureFamily
 from graphfed.sim.client import ClientRule, ClientSetting
 
 
@@ -48,6 +50,8 @@ class MethodContext:
     local_steps: int
     local_lr: float
     head: tuple[str, ...] = ()  # the target model's head tensors (``TargetModel.head_names``)
+    #: the clients' architectures where they differ (``model.architectures``), else None
+    architectures: ArchitectureFamily | None = None
 
     def head_index(self) -> torch.Tensor:
         """Flat coordinates of the head tensors, in spec order."""
@@ -64,6 +68,9 @@ class Method(ABC):
     #: it arrives in ``update``'s metrics as ``feedback`` (and ``feedback_seed`` per client)
     client_feedback: str = "none"
     feedback_mu: float = 1e-3
+    #: what travels between server and clients when clients run different architectures (``models.family``):
+    #: "shared" (one architecture only: the method refuses ``model.architectures``), "own", "ghn" or "teacher"
+    architectures: ClassVar[str] = "shared"
 
     def __init__(self, context: MethodContext, options: MethodOptions) -> None:
         self.context = context
@@ -79,6 +86,16 @@ class Method(ABC):
         """The client side of this method, built from its options alone: the simulator and every Flower node
         build it the same way. Default: plain SGD on the local loss from the received weights."""
         return ClientRule(setting)
+
+    @classmethod
+    def client_networks(cls, options: MethodOptions,
+                        family: ArchitectureFamily) -> tuple[ParamSpec, torch.Tensor, list[TargetModel]]:
+        """Mixed architectures: the wire's spec and initial row, and the network each architecture's clients train
+        (its parameters are the first values of a wire row). Default, the ``own`` wire: each architecture's
+        parameters, zero-padded to the largest."""
+        if cls.architectures != "own":
+            raise TypeError(f"method '{cls.name}' runs one architecture on every client")
+        return ParamSpec([("weights", (family.max_dim,))]), torch.zeros(family.max_dim), list(family.models)
 
     @abstractmethod
     def personalize(self, client_ids: torch.Tensor) -> torch.Tensor:

@@ -10,10 +10,14 @@ from graphfed.methods.base import Method, MethodContext, MethodOptions
 class Local(Method):
     name = "local"
     summary = "each client trains its own model alone (no federation)"
+    architectures = "own"
 
     def __init__(self, context: MethodContext, options: MethodOptions) -> None:
         super().__init__(context, options)
-        self.client_weights = context.init_weights.unsqueeze(0).repeat(context.num_clients, 1)
+        if context.architectures is not None:  # each client starts from its own architecture's initialisation
+            self.client_weights = context.architectures.padded_init(torch.arange(context.num_clients))
+        else:
+            self.client_weights = context.init_weights.unsqueeze(0).repeat(context.num_clients, 1)
 
     def personalize(self, client_ids: torch.Tensor) -> torch.Tensor:
         return self.client_weights[client_ids].clone()

@@ -14,7 +14,7 @@ from torch import nn
 
 from graphfed.core.hypergrad import hypergradient_step
 from graphfed.methods.base import EmbeddingHypernetwork, EmbeddingHypernetworkOptions, MethodContext
-from graphfed.nn.hypernet import MLPHypernet
+from graphfed.nn.hypernet import ArchitectureHypernet, MLPHypernet
 
 
 class PFedHNOptions(EmbeddingHypernetworkOptions):
@@ -30,18 +30,25 @@ class PFedHN(EmbeddingHypernetwork):
     name = "pfedhn"
     summary = "MLP hypernetwork maps a learned client embedding to the client's weights"
     Options = PFedHNOptions
+    #: clients of different architectures: one output head per architecture (FLHA-GHN's pFedHN variant)
+    architectures = "own"
 
     def __init__(self, context: MethodContext, options: PFedHNOptions) -> None:
         super().__init__(context, options)
         self.options: PFedHNOptions = options
         dim = options.embedding_dim or 1 + context.num_clients // 4
         self.embeddings = nn.Embedding(context.num_clients, dim)
-        self.hypernet = MLPHypernet(dim, context.spec, options.hidden, options.num_layers)
+        family = context.architectures
+        self.hypernet: nn.Module = (MLPHypernet(dim, context.spec, options.hidden, options.num_layers)
+                                    if family is None else
+                                    ArchitectureHypernet(dim, family.specs, options.hidden, options.num_layers))
         params = [*self.embeddings.parameters(), *self.hypernet.parameters()]
         self.optimizer = torch.optim.SGD(params, lr=options.server_lr, momentum=options.momentum,
                                          weight_decay=options.weight_decay, foreach=True)
 
     def weights_from_embeddings(self, embeddings: torch.Tensor, client_ids: torch.Tensor) -> torch.Tensor:
+        if self.context.architectures is not None:
+            return self.hypernet(embeddings[client_ids], self.context.architectures.assignment[client_ids])
         return self.hypernet(embeddings[client_ids])
 
     def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,

@@ -61,7 +61,8 @@ MODELS: dict[str, tuple[Callable[..., TargetModel], str]] = {
     "pfl-cnn": (_pfl_cnn, "pfl-research's CIFAR-10 benchmark CNN: 3x3 conv (32), 3x3 conv (64), 2x2 max-pool, "
                 "linear (128), linear; dropout left out (no options)"),
     "resnet-like": (_resnet_like, "FLHA-GHN's architecture family: arch0 (ResNet-18 style), arch1 (10 layers, no "
-                    "skip), arch2 (skips first), arch3 (skips last), small (4 layers); batch-statistics BN "
+                    "skip), arch2 (skips first), arch3 (skips last), small (4 layers), plain4/7/10/13 (chains of one "
+                    "layer type); batch-statistics BN; model.architectures gives clients different members "
                     "(options: arch=arch0, width=8)"),
     "cnn-bn": (_cnn_bn, "FedAGHN's 4-layer CNN: 2x (5x5 conv, batch-statistics BN, ReLU, pool) + 2 linear layers "
                "(options: channels=32, hidden=512, kernel_size=5)"),

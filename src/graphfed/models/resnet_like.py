@@ -12,6 +12,8 @@ arch1     stem, 4 stages x 1 plain pair of convolutions, no skip                
 arch2     stem, 2 residual blocks (w, 2w), then 3 plain pairs (2w, 4w, 8w)                         12
 arch3     stem, 1 plain pair (w), then 4 residual blocks (2w, 4w, 8w, 8w)                          12
 small     3 plain convolutions (w, 2w, 4w; stride 2 from the second) + linear                      4
+plainN    N = 4, 7, 10, 13: N - 1 plain convolutions of width 4w (the first with stride 2, all      N
+          others 3x3 4w -> 4w) + linear: the GNN ablation's chains of one repeated layer type (Table 2)
 ========  ======================================================================================  ======
 
 Every convolution is 3x3 and followed by BatchNorm and ReLU; each network ends in global average pooling and one
@@ -30,7 +32,7 @@ from torch import nn
 
 from graphfed.models.base import TargetModel
 
-ARCHITECTURES = ("arch0", "arch1", "arch2", "arch3", "small")
+ARCHITECTURES = ("arch0", "arch1", "arch2", "arch3", "small", "plain4", "plain7", "plain10", "plain13")
 
 
 @dataclass(frozen=True)
@@ -94,15 +96,26 @@ class PlainPair(nn.Module):
 class ResNetLike(TargetModel):
     """One member of the family (see the module docstring); ``forward`` takes ``[B, C, H, W]`` images."""
 
+    evaluation_block_rows = 256  # batch-statistics BN: a client's evaluation rows are normalised 256 at a time
+
     def __init__(self, input_shape: tuple[int, ...], num_classes: int, arch: str = "arch0", width: int = 8) -> None:
         super().__init__()
         if len(input_shape) != 3:
             raise ValueError(f"{arch} needs images shaped (channels, height, width), got {input_shape}")
         if width < 1:
             raise ValueError(f"width must be >= 1, got {width}")
+        if arch not in ARCHITECTURES:
+            raise ValueError(f"unknown architecture {arch!r}; allowed: {', '.join(ARCHITECTURES)}")
         self.arch = arch
         in_channels = input_shape[0]
-        if arch == "small":
+        if arch.startswith("plain"):
+            convs = int(arch.removeprefix("plain")) - 1
+            chain: list[nn.Module] = [conv_bn(in_channels, 4 * width, 2), nn.ReLU()]
+            for _ in range(convs - 1):
+                chain += [conv_bn(4 * width, 4 * width, 1), nn.ReLU()]
+            self.body = nn.Sequential(*chain)
+            features = 4 * width
+        elif arch == "small":
             self.body = nn.Sequential(conv_bn(in_channels, width, 1), nn.ReLU(), conv_bn(width, 2 * width, 2),
                                       nn.ReLU(), conv_bn(2 * width, 4 * width, 2), nn.ReLU())
             features = 4 * width
@@ -122,3 +135,10 @@ class ResNetLike(TargetModel):
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         return self.body(x).mean(dim=(2, 3))  # global average pooling
+
+    def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor,
+                        features_only: bool = False) -> torch.Tensor:
+        # One network per client: faster than vmap for CNNs on CPU, and a client's outputs do not depend on how
+        # many clients run beside it (vmap's batched convolutions round differently), so a Flower node that
+        # trains alone computes the simulator's numbers bit for bit.
+        return self.client_loop_forward(params, x, features_only)

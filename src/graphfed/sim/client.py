@@ -96,6 +96,9 @@ class ClientSetting:
     task: Task
     output_dim: int  # classes, or flattened target size
     training: LocalTraining
+    #: the client's own architecture where clients run different ones (``model.architectures``) and the network it
+    #: trains is not that architecture (FLHA-GHN trains its GHN, FLHA-distillation a shared teacher); else None
+    architecture: TargetModel | None = None
 
     @property
     def body(self) -> tuple[str, ...]:
@@ -160,7 +163,10 @@ class LocalStep:
         gradient; clients without training rows contribute nothing."""
         names = list(weights) if names is None else list(names)
         total = objective.sum() if self.has_data is None else (objective * self.has_data).sum()
-        grads = torch.autograd.grad(total, [weights[name] for name in names], create_graph=create_graph)
+        leaves = [weights[name] for name in names]
+        # a tensor the loss never reads (a GHN head of a layer type this architecture lacks) has zero gradient
+        grads = torch.autograd.grad(total, leaves, create_graph=create_graph, allow_unused=True,
+                                    materialize_grads=True)
         return dict(zip(names, grads, strict=True))
 
     def descend(self, weights: Weights, objective: torch.Tensor, lr: float | None = None,
@@ -248,6 +254,15 @@ class ClientRule:
     def eval_weights(self, received: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
         """``[S, dim]`` weights that trained clients evaluate with (default: the received ones)."""
         return received
+
+    def evaluation_network(self, model: TargetModel, received: torch.Tensor, train: ClientSplit,
+                           trained: torch.Tensor, seeds: Sequence[int],
+                           ) -> tuple[TargetModel, ParamSpec, torch.Tensor] | None:
+        """``(network, its spec, [S, its dim] weights)`` clients evaluate with when that is not the network they
+        train (FLHA-GHN: their architecture with generated weights; FLHA-distillation: their architecture distilled
+        from the shared teacher); ``received`` are their evaluation weights in ``model``'s terms, ``trained [S]``
+        marks who took part in training, ``seeds`` one stream per client. None: ``model`` itself."""
+        return None
 
     def upload_shapes(self) -> dict[str, tuple[int, ...]]:
         """Per-client shape of each array a client uploads besides its delta (checked on arrival)."""

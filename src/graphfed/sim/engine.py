@@ -28,15 +28,18 @@ from graphfed.core import rng
 from graphfed.core.params import ParamSpec
 from graphfed.data import build_federation
 from graphfed.data.federation import Federation
-from graphfed.methods import build_client_rule, build_method
+from graphfed.methods import build_client_rule, build_method, method_class, parse_options
 from graphfed.methods.base import Method, MethodContext
 from graphfed.models import build_model
 from graphfed.models.base import TargetModel
+from graphfed.models.family import ArchitectureFamily, build_family
 from graphfed.sim import checkpoint as io
 from graphfed.sim.client import ClientRule, ClientScores, ClientSetting, LocalTraining
 from graphfed.sim.executor import (
+    ArchitectureRuntime,
     ClientExecutor,
     ClientRuntime,
+    ClientStateStore,
     InvalidUpdateError,
     NonFiniteUpdateError,
     check_update,
@@ -52,15 +55,86 @@ GRAPH_ROWS = 512
 
 
 @dataclass
-class Setup:
-    """Everything built from a config before the first round."""
+class ClientSide:
+    """The networks clients train, built from a config the same way by the simulator and by every Flower node.
+
+    One architecture: ``model`` and its ``spec``. Mixed architectures (``model.architectures``): the ``family``,
+    the network each architecture's clients train (``networks``), and ``spec``/``init_weights`` of the wire (what
+    the method's ``client_networks`` says travels); ``model`` is then the first architecture's network.
+    """
 
     config: RunConfig
     federation: Federation
     model: TargetModel
     spec: ParamSpec
+    init_weights: torch.Tensor
+    family: ArchitectureFamily | None = None
+    networks: list[TargetModel] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, config: RunConfig, federation: Federation) -> ClientSide:
+        torch.manual_seed(rng.stream_seed(config.seed, 0, "init"))
+        if config.model.architectures is None:
+            model = build_model(config.model.name, federation, config.model.options)
+            spec = ParamSpec.from_module(model)
+            return cls(config, federation, model, spec, spec.flatten_module(model))
+        family = build_family(config.model.name, config.model.options, config.model.architectures,
+                              config.model.architecture_of, federation, config.seed)
+        torch.manual_seed(rng.stream_seed(config.seed, 0, "init"))
+        options = parse_options(config.method.name, config.method.options)
+        spec, init_weights, networks = method_class(config.method.name).client_networks(options, family)
+        return cls(config, federation, networks[0], spec, init_weights, family, networks)
+
+    def rules(self, training: LocalTraining) -> list[ClientRule]:
+        """The method's client rule for each network (one, without mixed architectures)."""
+        method = self.config.method
+        if self.family is None:
+            setting = client_setting(self.model, self.spec, self.federation, training)
+            return [build_client_rule(method.name, method.options, setting)]
+        return [build_client_rule(method.name, method.options,
+                                  client_setting(network, ParamSpec.from_module(network), self.federation, training,
+                                                 self.family.models[arch]))
+                for arch, network in enumerate(self.networks)]
+
+    def executor(self, rules: list[ClientRule], seed: int,
+                 client_ids: torch.Tensor | None = None) -> ClientRuntime | ArchitectureRuntime:
+        """Clients in this process (``client_ids``: the ones kept here, default all), grouped by architecture where
+        they differ."""
+        if self.family is None:
+            store = None if client_ids is None else ClientStateStore(client_ids)
+            return ClientRuntime(self.model, self.spec, self.federation, rules[0], seed, store)
+        return ArchitectureRuntime(self.family, self.networks, rules, self.federation, seed, self.spec.dim,
+                                   client_ids)
+
+    def wire_values(self, client_ids: torch.Tensor, wire: str) -> int:
+        """Values sent to (or from) ``client_ids``: on the ``own`` wire, each client's architecture's size."""
+        if self.family is not None and wire == "own":
+            return sum(self.family.specs[int(arch)].dim for arch in self.family.assignment[client_ids])
+        return len(client_ids) * self.spec.dim
+
+
+@dataclass
+class Setup:
+    """Everything built from a config before the first round."""
+
+    config: RunConfig
+    federation: Federation
+    model: TargetModel  # the network clients train (with mixed architectures: the first architecture's)
+    spec: ParamSpec  # what travels on the wire
     method: Method
-    client_rule: ClientRule
+    client_rule: ClientRule  # (with mixed architectures: the first architecture's)
+    clients: ClientSide
+    rules: list[ClientRule]  # one per network of ``clients``
+
+    @property
+    def family(self) -> ArchitectureFamily | None:
+        return self.clients.family
+
+    def wire_values(self, client_ids: torch.Tensor) -> int:
+        return self.clients.wire_values(client_ids, type(self.method).architectures)
+
+    def client_executor(self, seed: int) -> ClientExecutor:
+        return self.clients.executor(self.rules, seed)
 
 
 def local_training(config: RunConfig, method: Method) -> LocalTraining:
@@ -69,28 +143,27 @@ def local_training(config: RunConfig, method: Method) -> LocalTraining:
                          method.client_feedback, method.feedback_mu)
 
 
-def client_setting(model: TargetModel, spec: ParamSpec, federation: Federation,
-                   training: LocalTraining) -> ClientSetting:
+def client_setting(model: TargetModel, spec: ParamSpec, federation: Federation, training: LocalTraining,
+                   architecture: TargetModel | None = None) -> ClientSetting:
     """What a client rule may know about the model, the task and the training (same in every engine)."""
-    return ClientSetting(spec, model.head_names, federation.task, federation.output_dim, training)
+    return ClientSetting(spec, model.head_names, federation.task, federation.output_dim, training,
+                         None if architecture is model else architecture)
 
 
 def build_setup(config: RunConfig, federation: Federation | None = None) -> Setup:
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     fed = federation if federation is not None else build_federation(config.dataset, config.seed)
-    torch.manual_seed(rng.stream_seed(config.seed, 0, "init"))
-    model = build_model(config.model.name, fed, config.model.options)
-    spec = ParamSpec.from_module(model)
+    clients = ClientSide.build(config, fed)
     context = MethodContext(
-        spec=spec, init_weights=spec.flatten_module(model), num_clients=fed.num_clients,
+        spec=clients.spec, init_weights=clients.init_weights, num_clients=fed.num_clients,
         train_client_ids=fed.train_client_ids, novel_client_ids=fed.novel_client_ids,
         client_graph=fed.client_graph, task=fed.task, seed=rng.stream_seed(config.seed, 0, "method"),
-        local_steps=config.train.local_steps, local_lr=config.train.lr, head=model.head_names)
+        local_steps=config.train.local_steps, local_lr=config.train.lr,
+        head=() if clients.family is not None else clients.model.head_names, architectures=clients.family)
     method = build_method(config.method.name, context, config.method.options)
-    setting = client_setting(model, spec, fed, local_training(config, method))
-    rule = build_client_rule(config.method.name, config.method.options, setting)
-    return Setup(config, fed, model, spec, method, rule)
+    rules = clients.rules(local_training(config, method))
+    return Setup(config, fed, clients.model, clients.spec, method, rules[0], clients, rules)
 
 
 @dataclass
@@ -137,8 +210,7 @@ class Simulator:
         self.setup = build_setup(config, federation)
         fed = self.setup.federation
         # `executor` builds where clients run (e.g. Flower nodes); default: in this process, vectorised.
-        self.executor = executor(self.setup) if executor else ClientRuntime(
-            self.setup.model, self.setup.spec, fed, self.setup.client_rule, config.seed)
+        self.executor = executor(self.setup) if executor else self.setup.client_executor(config.seed)
         self.tracker = Tracker(higher_is_better=fed.metric == "accuracy")
         self.num_train_clients = len(fed.train_client_ids)
         if self.num_train_clients == 0:
@@ -163,7 +235,7 @@ class Simulator:
         if not torch.isfinite(sent).all() or not all(torch.isfinite(v).all() for v in broadcast.values()):
             raise NonFiniteUpdateError(f"round {round_index + 1}: the server produced non-finite weights")
         extra_down = sum(value.numel() for value in broadcast.values())
-        self.tracker.bytes_down += (len(client_ids) * spec.dim + extra_down) * BYTES_PER_VALUE
+        self.tracker.bytes_down += (self.setup.wire_values(client_ids) + extra_down) * BYTES_PER_VALUE
         result = self.executor.train(client_ids, sent, round_index, "local_training", broadcast=broadcast)
         check_update(result.delta, result.client_ids, spec.dim, round_index)
         if len(result.client_ids) == 0:
@@ -172,8 +244,11 @@ class Simulator:
         method.update(result.client_ids, sent[result.rows], result.delta, result.metrics)
         rule = self.setup.client_rule
         extras = [*rule.upload_shapes(), *(["feedback"] if "feedback" in result.metrics else [])]
-        sent_back = rule.upload_dim + sum(result.metrics[name][0].numel() for name in extras)
-        self.tracker.bytes_up += len(result.client_ids) * sent_back * BYTES_PER_VALUE
+        extra_up = sum(result.metrics[name][0].numel() for name in extras)
+        if self.setup.family is None:  # a rule may upload less than the model (FedRep: its body)
+            extra_up += rule.upload_dim - spec.dim
+        self.tracker.bytes_up += (self.setup.wire_values(result.client_ids)
+                                  + len(result.client_ids) * extra_up) * BYTES_PER_VALUE
         loss = float(result.metrics["loss_last"].mean())
         if not math.isfinite(loss):
             raise NonFiniteUpdateError(f"round {round_index + 1}: non-finite training loss")
@@ -206,6 +281,11 @@ class Simulator:
                 log.warning("round %d: the %s %s of %d client(s) is NaN/Inf (%s); left out of the mean",
                             round_index + 1, split, fed.metric, len(broken),
                             ", ".join(record[f"{split}_nonfinite_clients"][:10]))
+        family = self.setup.family
+        if family is not None:  # mixed architectures: how each architecture's (training) clients fare
+            record["test_by_architecture"] = {
+                name: _mean_std(test.metric[family.assignment[train_ids] == arch])[0]
+                for arch, name in enumerate(family.names)}
         record["novel_mean"] = record["novel_std"] = None
         if len(novel_ids):
             novel = scores["test"].select(novel_ids)
@@ -308,6 +388,9 @@ class Simulator:
             io.atomic_write_text(self.out_dir / io.CONFIG, dump_config(cfg))
         for note in method.notes:
             log.info(note)
+        if self.setup.family is not None:
+            log.info("client architectures: %s", ", ".join(f"{name} x {count}" for name, count
+                                                          in self.setup.family.counts().items()))
         history: list[dict[str, Any]] = rounds_log.read() if rounds_log else []
         status = "completed"
         segment_start = time.perf_counter()
@@ -371,6 +454,10 @@ class Simulator:
             "test_nonfinite_clients": best.get("test_nonfinite_clients", []),
             "test_mae": best.get("test_mae"), "test_mae_original_units": best.get("test_mae_original_units"),
             "novel_mean": best.get("novel_mean"), "novel_std": best.get("novel_std"),
+            **({"test_by_architecture": best.get("test_by_architecture"),
+                "architectures": dict(zip(fed.client_names, (self.setup.family.names[int(a)]
+                                                             for a in self.setup.family.assignment), strict=True))}
+               if self.setup.family is not None else {}),
             "novel_adapted_mean": novel_adapted[0], "novel_adapted_std": novel_adapted[1],
             "best_round": best.get("round"), "final_test_mean": last.get("test_mean"),
             "rounds": last.get("round", 0), "num_clients": fed.num_clients,

@@ -14,6 +14,7 @@ from graphfed.core import rng
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import Federation
 from graphfed.models.base import TargetModel
+from graphfed.models.family import ArchitectureFamily
 from graphfed.sim.client import (
     ClientRule,
     ClientScores,
@@ -147,6 +148,9 @@ class ClientRuntime(ClientExecutor):
         self.training = rule.setting.training
         self.store = store if store is not None else ClientStateStore(torch.arange(federation.num_clients))
 
+    def runtime_of(self, client_id: int) -> ClientRuntime:
+        return self
+
     def plain_rule(self, steps: int, lr: float | None = None) -> ClientRule:
         """Plain SGD for ``steps`` steps (evaluation fine-tuning, novel-client adaptation)."""
         training = replace(self.training, steps=steps, lr=self.training.lr if lr is None else lr)
@@ -208,10 +212,16 @@ class ClientRuntime(ClientExecutor):
 
     def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int) -> dict[str, ClientScores]:
         weights = self.evaluation_weights(client_ids, weights, round_index)
+        model, spec = self.model, self.spec
+        network = self.rule.evaluation_network(model, weights, self.federation.train.select(client_ids),
+                                               self.store.has_trained(client_ids),
+                                               rng.client_seeds(self.seed, round_index, "evaluation", client_ids))
+        if network is not None:
+            model, spec, weights = network
         forward = None
         if type(self.rule).eval_forward is not ClientRule.eval_forward:
             forward = self._rule_forward(client_ids)
-        return {split: evaluate_clients(self.model, self.spec, weights,
+        return {split: evaluate_clients(model, spec, weights,
                                         getattr(self.federation, split).select(client_ids), self.federation.task,
                                         forward=forward)
                 for split in SPLITS}
@@ -242,3 +252,69 @@ class ClientRuntime(ClientExecutor):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.store.load_state_dict(state)
+
+
+class ArchitectureRuntime(ClientExecutor):
+    """Clients of different architectures (``model.architectures``) in this process: one :class:`ClientRuntime` per
+    architecture, each training and evaluating its clients vectorised. A client's network takes the first ``dim``
+    values of its wire row (all of it for FLHA-GHN's GHN; its own architecture's parameters, zero-padded, for the
+    ``own`` wire); its delta comes back padded with zeros. ``client_ids``: the clients kept here (a Flower node keeps
+    one)."""
+
+    def __init__(self, family: ArchitectureFamily, networks: list[TargetModel], rules: list[ClientRule],
+                 federation: Federation, seed: int, wire_dim: int, client_ids: torch.Tensor | None = None) -> None:
+        self.family, self.wire_dim = family, wire_dim
+        kept = torch.arange(federation.num_clients) if client_ids is None else client_ids
+        self.runtimes: dict[int, ClientRuntime] = {}
+        for arch, (network, rule) in enumerate(zip(networks, rules, strict=True)):
+            members = kept[family.assignment[kept] == arch]
+            if len(members):
+                self.runtimes[arch] = ClientRuntime(network, rule.spec, federation, rule, seed,
+                                                    ClientStateStore(members))
+
+    def runtime_of(self, client_id: int) -> ClientRuntime:
+        """The runtime of ``client_id``'s architecture (its rule and its state store)."""
+        return self._group(int(self.family.assignment[client_id]))
+
+    def _group(self, arch: int) -> ClientRuntime:
+        if arch not in self.runtimes:
+            raise KeyError(f"no client of architecture {self.family.names[arch]} is kept here")
+        return self.runtimes[arch]
+
+    def train(self, client_ids: torch.Tensor, start: torch.Tensor, round_index: int, purpose: str,
+              steps: int | None = None, broadcast: dict[str, torch.Tensor] | None = None) -> TrainResult:
+        delta = torch.zeros(len(client_ids), self.wire_dim)
+        metrics: dict[str, torch.Tensor] = {}
+        for arch, positions in self.family.groups(client_ids):
+            runtime = self._group(arch)
+            dim = runtime.spec.dim
+            part = runtime.train(client_ids[positions], start[positions, :dim], round_index, purpose, steps,
+                                 None if broadcast is None else {k: v[positions] for k, v in broadcast.items()})
+            delta[positions, :dim] = part.delta
+            for name, value in part.metrics.items():
+                if name not in metrics:
+                    metrics[name] = torch.zeros(len(client_ids), *value.shape[1:], dtype=value.dtype)
+                metrics[name][positions] = value
+        return TrainResult(torch.arange(len(client_ids)), client_ids, delta, metrics)
+
+    def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int) -> dict[str, ClientScores]:
+        parts: dict[str, list[ClientScores]] = {split: [] for split in SPLITS}
+        order = []
+        for arch, positions in self.family.groups(client_ids):
+            runtime = self._group(arch)
+            scores = runtime.evaluate(client_ids[positions], weights[positions, :runtime.spec.dim], round_index)
+            for split in SPLITS:
+                parts[split].append(scores[split])
+            order.append(positions)
+        back = torch.argsort(torch.cat(order))  # group order -> the asked-for order
+        return {split: ClientScores.concat(parts[split]).select(back) for split in SPLITS}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {self.family.names[arch]: runtime.state_dict() for arch, runtime in self.runtimes.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        expected = {self.family.names[arch] for arch in self.runtimes}
+        if set(state) != expected:
+            raise ValueError(f"client state for architectures {sorted(state)}, {sorted(expected)} expected")
+        for arch, runtime in self.runtimes.items():
+            runtime.load_state_dict(state[self.family.names[arch]])

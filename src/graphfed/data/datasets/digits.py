@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphfed.config import DatasetConfig
+from graphfed.config import ConfigError, DatasetConfig
 from graphfed.data.partition import dirichlet_partition, iid_partition, pathological_partition
 
 DEFAULT_NUM_CLIENTS = 10
@@ -24,13 +24,22 @@ def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
 
 def partition_indices(labels: np.ndarray, cfg: DatasetConfig, num_clients: int,
                       rng: np.random.Generator) -> list[np.ndarray]:
-    """Dispatch to the partition scheme named by ``cfg.partition``."""
+    """Dispatch to the partition scheme named by ``cfg.partition``; with ``cfg.client_fraction``, each client then
+    keeps a random subset of its rows, scaled so that the clients hold that share of all rows on average."""
     if cfg.partition == "iid":
-        return iid_partition(labels, num_clients, rng)
-    if cfg.partition == "pathological":
-        return pathological_partition(labels, num_clients, cfg.classes_per_client, rng)
-    return dirichlet_partition(labels, num_clients, cfg.dirichlet_beta, rng,
-                               min_samples=cfg.min_samples_per_client)
+        parts = iid_partition(labels, num_clients, rng)
+    elif cfg.partition == "pathological":
+        parts = pathological_partition(labels, num_clients, cfg.classes_per_client, rng)
+    else:
+        parts = dirichlet_partition(labels, num_clients, cfg.dirichlet_beta, rng,
+                                    min_samples=cfg.min_samples_per_client)
+    if cfg.client_fraction is None:
+        return parts
+    keep = cfg.client_fraction * num_clients
+    if keep > 1 + 1e-9:
+        raise ConfigError(f"dataset.client_fraction: {num_clients} clients x {cfg.client_fraction} is more than all "
+                          f"the rows; at most {1 / num_clients:.4g}")
+    return [np.sort(rng.permutation(part)[:max(1, round(len(part) * keep))]) for part in parts]
 
 
 def make_digits_clients(cfg: DatasetConfig,
