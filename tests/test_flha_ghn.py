@@ -232,9 +232,14 @@ def test_pfedhn_generates_per_architecture_heads() -> None:
     assert family is not None
     weights = simulator.setup.method.personalize(torch.arange(4)).detach()
     for client in range(4):
-        dim = family.specs[int(family.assignment[client])].dim
+        arch = int(family.assignment[client])
+        dim = family.specs[arch].dim
         assert weights[client, :dim].abs().sum() > 0
         assert torch.equal(weights[client, dim:], torch.zeros(family.max_dim - dim))
+        # the heads start from the architecture's initialisation: BatchNorm gains near 1, not near 0
+        gains = torch.cat([weights[client, t.slice] for t in family.specs[arch].tensors
+                           if t.name.endswith("weight") and len(t.shape) == 1])
+        assert 0.5 < float(gains.mean()) < 1.5
     simulator.run_round(0)
     assert not torch.equal(simulator.setup.method.personalize(torch.arange(4)).detach(), weights)
 

@@ -41,7 +41,8 @@ class PFedHN(EmbeddingHypernetwork):
         family = context.architectures
         self.hypernet: nn.Module = (MLPHypernet(dim, context.spec, options.hidden, options.num_layers)
                                     if family is None else
-                                    ArchitectureHypernet(dim, family.specs, options.hidden, options.num_layers))
+                                    ArchitectureHypernet(dim, family.specs, family.init_weights, options.hidden,
+                                                         options.num_layers))
         params = [*self.embeddings.parameters(), *self.hypernet.parameters()]
         self.optimizer = torch.optim.SGD(params, lr=options.server_lr, momentum=options.momentum,
                                          weight_decay=options.weight_decay, foreach=True)

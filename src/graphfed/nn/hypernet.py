@@ -43,12 +43,22 @@ def mlp_trunk(in_dim: int, hidden: int, num_layers: int) -> nn.Sequential:
 class ArchitectureHypernet(nn.Module):
     """pFedHN for clients of different architectures (FLHA-GHN's baseline, paper Sec. 5.1): one shared trunk and
     one set of output heads per architecture, each emitting that architecture's weights. ``forward(z, arch)`` ->
-    ``[S, max_dim]`` rows zero-padded past each client's architecture (the ``own`` wire)."""
+    ``[S, max_dim]`` rows zero-padded past each client's architecture (the ``own`` wire).
 
-    def __init__(self, in_dim: int, specs: Sequence[ParamSpec], hidden: int = 100, num_layers: int = 3) -> None:
+    Each head's bias starts at its architecture's initial weights (``init_weights``), so the hypernetwork first
+    generates networks that train like freshly initialised ones. With PyTorch's default head initialisation the
+    BatchNorm gains of a deep ResNet-like network come out near 0 and silence it (chance accuracy after 20 rounds
+    in a first FLHA run)."""
+
+    def __init__(self, in_dim: int, specs: Sequence[ParamSpec], init_weights: Sequence[torch.Tensor],
+                 hidden: int = 100, num_layers: int = 3) -> None:
         super().__init__()
         self.trunk = mlp_trunk(in_dim, hidden, num_layers)
         self.heads = nn.ModuleList(nn.ModuleList(nn.Linear(hidden, t.numel) for t in spec.tensors) for spec in specs)
+        with torch.no_grad():
+            for heads, spec, init in zip(self.heads, specs, init_weights, strict=True):
+                for head, tensor in zip(heads, spec.tensors, strict=True):  # type: ignore[call-overload]
+                    head.bias.copy_(init[tensor.slice])
         self.max_dim = max(spec.dim for spec in specs)
 
     def forward(self, z: torch.Tensor, arch: torch.Tensor) -> torch.Tensor:
