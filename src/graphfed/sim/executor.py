@@ -213,11 +213,13 @@ class ClientRuntime(ClientExecutor):
     def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int) -> dict[str, ClientScores]:
         weights = self.evaluation_weights(client_ids, weights, round_index)
         model, spec = self.model, self.spec
-        network = self.rule.evaluation_network(model, weights, self.federation.train.select(client_ids),
-                                               self.store.has_trained(client_ids),
-                                               rng.client_seeds(self.seed, round_index, "evaluation", client_ids))
-        if network is not None:
-            model, spec, weights = network
+        # only rules that evaluate another network pay for the per-client seed streams (N of them per evaluation)
+        if type(self.rule).evaluation_network is not ClientRule.evaluation_network:
+            network = self.rule.evaluation_network(model, weights, self.federation.train.select(client_ids),
+                                                   self.store.has_trained(client_ids),
+                                                   rng.client_seeds(self.seed, round_index, "evaluation", client_ids))
+            if network is not None:
+                model, spec, weights = network
         forward = None
         if type(self.rule).eval_forward is not ClientRule.eval_forward:
             forward = self._rule_forward(client_ids)
