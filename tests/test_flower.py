@@ -12,6 +12,7 @@ from graphfed.config import RunConfig, dump_config, load_config
 from graphfed.flower import protocol
 from graphfed.flower.app import client_app, run_on_grid
 from graphfed.flower.inprocess import InProcessGrid
+from graphfed.flower.server import FLOWER_FIELDS
 from graphfed.sim.engine import run_config
 
 NUM_CLIENTS = 6
@@ -39,7 +40,7 @@ def grid_for(config: RunConfig, seed: int = 0) -> InProcessGrid:
 
 
 def comparable(summary: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in without_wall_time(summary).items() if k != "dropped_clients"}
+    return {k: v for k, v in without_wall_time(summary).items() if k not in FLOWER_FIELDS}
 
 
 @pytest.mark.parametrize("method", [*single_architecture_methods(), "pfedgat-loss-only"])

@@ -122,6 +122,52 @@ class FlowerConfig(_Strict):
     node_wait_timeout: float = Field(default=300.0, ge=0, description="seconds to wait for min_nodes")
 
 
+#: attacks that rewrite what a malicious client uploads (``attacks.poisoning``); the others rewrite its training data
+UPDATE_ATTACKS = ("model_poisoning", "sign_flip", "scaling", "gaussian_noise")
+DATA_ATTACKS = ("label_flip", "backdoor")
+
+
+class AttackConfig(_Strict):
+    """Malicious clients (``graphfed.attacks``): which behaviour, and which training clients behave so."""
+
+    kind: Literal["none", "label_flip", "model_poisoning", "sign_flip", "scaling", "gaussian_noise",
+                  "backdoor"] = "none"
+    fraction: float = Field(default=0.0, ge=0.0, le=0.5, description="share of the training clients that are "
+                            "malicious (rounded to the nearest count; drawn from the run seed)")
+    count: int | None = Field(default=None, ge=0, description="exact number of malicious clients (instead of "
+                              "fraction; the backdoor study uses 1)")
+    clients: list[str] | None = Field(default=None, description="the malicious clients by name (instead of "
+                                      "fraction and count)")
+    flip: Literal["reverse", "permutation"] = Field(default="reverse", description="label_flip: y -> C-1-y, or a "
+                                                    "fixed seeded permutation of the classes without fixed points")
+    poison_lambda: float = Field(default=0.5, gt=0, description="model_poisoning: upload g' = -lambda * g")
+    scale: float = Field(default=10.0, gt=0, description="scaling: upload g' = scale * g")
+    noise_std: float = Field(default=0.1, gt=0, description="gaussian_noise: upload g' ~ N(0, noise_std^2 I)")
+    target: int = Field(default=1, ge=0, description="backdoor: the label triggered inputs are relabelled to")
+    blend: float = Field(default=0.2, gt=0, lt=1, description="backdoor: x' = (1 - blend) * x + blend * trigger")
+    poison_rate: float = Field(default=0.5, gt=0, le=1, description="backdoor: share of an attacker's training "
+                               "rows that carry the trigger")
+
+    @model_validator(mode="after")
+    def _one_way_to_choose(self) -> AttackConfig:
+        if self.clients is not None and self.count is not None:
+            raise ValueError("attack.clients and attack.count both choose the malicious clients; set one")
+        if self.clients is not None and len(set(self.clients)) != len(self.clients):
+            raise ValueError("attack.clients names a client twice")
+        return self
+
+
+class DefenseConfig(_Strict):
+    """Client-side defences (robust server aggregation is an option of the FedAvg family: method.options)."""
+
+    simple_tuning: bool = Field(default=False, description="Simple-Tuning (Qin et al. 2023): before evaluation, "
+                                "each trained client re-initialises its classifier layer and retrains it alone on "
+                                "its training rows")
+    tuning_steps: int | None = Field(default=None, ge=1, description="Simple-Tuning steps (default: the local "
+                                     "step count)")
+    tuning_lr: float | None = Field(default=None, gt=0, description="Simple-Tuning lr (default: the client lr)")
+
+
 class RunConfig(_Strict):
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
@@ -129,6 +175,8 @@ class RunConfig(_Strict):
     method: MethodConfig = Field(default_factory=MethodConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     flower: FlowerConfig = Field(default_factory=FlowerConfig)
+    attack: AttackConfig = Field(default_factory=AttackConfig)
+    defense: DefenseConfig = Field(default_factory=DefenseConfig)
     torch_threads: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
@@ -160,6 +208,9 @@ class RunConfig(_Strict):
             if wire == "shared":
                 raise ValueError(f"method.name: '{self.method.name}' runs one architecture on every client; with "
                                  f"model.architectures use {', '.join(MIXED_ARCHITECTURE_METHODS)}")
+            if self.defense.simple_tuning:
+                raise ValueError("defense.simple_tuning: clients of different architectures have no shared "
+                                 "classifier layer to re-initialise (FLHA-GHN's inference already refines the head)")
         return self
 
 
@@ -230,5 +281,14 @@ def validate_config(data: dict[str, Any]) -> RunConfig:
         raise ConfigError(_first_error(err)) from None
 
 
+#: sections written out only when they differ from their defaults: a run without an attack reads (and compares, on
+#: resume) exactly as it did before these sections existed
+OPTIONAL_SECTIONS = ("attack", "defense")
+
+
 def dump_config(config: RunConfig) -> str:
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    data = config.model_dump(mode="json")
+    for section in OPTIONAL_SECTIONS:
+        if getattr(config, section) == type(getattr(config, section))():
+            del data[section]
+    return yaml.safe_dump(data, sort_keys=False)

@@ -231,6 +231,9 @@ class Federation:
     # Regression targets in original units per scaled unit (e.g. mph for metr-la-week), so scaled MAE/RMSE can
     # be reported in those units; None = targets are not rescaled (or the dataset does not say).
     target_scale: float | None = None
+    #: a backdoor attack's evaluation split (``graphfed.attacks``): every client's triggered non-target test rows,
+    #: labelled with the target, so accuracy on it is the attack success rate; None without a backdoor
+    backdoor_test: ClientSplit | None = None
 
     def __post_init__(self) -> None:
         n = self.train.num_clients
@@ -238,7 +241,7 @@ class Federation:
             self.novel_mask = torch.zeros(n, dtype=torch.bool)
         if not self.client_names:
             self.client_names = [str(i) for i in range(n)]
-        for split_name in ("val", "test"):
+        for split_name in self.evaluation_splits:
             if getattr(self, split_name).num_clients != n:
                 raise ValueError(f"{split_name} split has {getattr(self, split_name).num_clients} clients, "
                                  f"train has {n}")
@@ -252,6 +255,11 @@ class Federation:
     @property
     def num_clients(self) -> int:
         return self.train.num_clients
+
+    @property
+    def evaluation_splits(self) -> tuple[str, ...]:
+        """The splits every client is scored on: val and test, and the backdoor split under a backdoor attack."""
+        return ("val", "test") if self.backdoor_test is None else ("val", "test", "backdoor_test")
 
     @property
     def train_client_ids(self) -> torch.Tensor:

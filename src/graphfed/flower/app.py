@@ -38,7 +38,7 @@ def run_on_grid(grid: Grid, config: RunConfig, out_dir: str | Path | None) -> di
         return executors[0]
 
     summary = Simulator(config, out_dir, progress=False, executor=make_executor).run()
-    summary["dropped_clients"] = [{"round": r, "client": c, "reason": why} for r, c, why in executors[0].dropped]
+    summary.update(executors[0].report())
     if out_dir:
         # The simulator wrote summary.json; add what only the Flower engine knows.
         write_summary(Path(out_dir), summary)

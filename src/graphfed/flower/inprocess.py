@@ -2,13 +2,13 @@
 
 For tests and debugging of the Flower path without Ray or network processes. Each node has a random id
 (like real SuperNodes), its own ``Context`` with ``partition-id`` and a persistent ``state``. Nodes can be
-made to fail (error reply) or vanish (no reply) to exercise the server's drop logic.
+made to fail (error reply), vanish (no reply) or lie (``tamper``: rewrite its replies) to exercise the server.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from flwr.app import Context, Error, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
@@ -33,6 +33,8 @@ class InProcessGrid(Grid):
         self.failing: set[int] = set()  # nodes that answer train/evaluate messages with an error
         self.silent: set[int] = set()  # nodes that never answer (crashed or disconnected)
         self.answers_left: dict[int, int] = {}  # node -> messages it still answers before it goes silent
+        #: node -> a function that rewrites its replies' content (a lying node: forged metrics, wrong shapes...)
+        self.tamper: dict[int, Callable[[RecordDict, Message], RecordDict]] = {}
         self._replies: dict[str, Message] = {}
         self._run: Run | None = None
         self.sent: list[Message] = []
@@ -73,7 +75,10 @@ class InProcessGrid(Grid):
                 self._replies[message_id] = Message(Error(code=0, reason=f"node {node} failed"), reply_to=message)
                 continue
             try:
-                self._replies[message_id] = self.client_app(message, self.contexts[node])
+                reply = self.client_app(message, self.contexts[node])
+                if node in self.tamper and not reply.has_error():
+                    reply = Message(self.tamper[node](reply.content, message), reply_to=message)
+                self._replies[message_id] = reply
             except Exception as err:  # a real SuperNode turns ClientApp exceptions into error replies
                 self._replies[message_id] = Message(Error(code=0, reason=repr(err)), reply_to=message)
         return ids

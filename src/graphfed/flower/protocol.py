@@ -9,6 +9,7 @@ Client -> server (query): ``ConfigRecord "identity"`` with the node's ``partitio
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,92 @@ def record_weights(record: ArrayRecord) -> torch.Tensor:
     if len(arrays) != 1:
         raise ValueError(f"expected one flat weight array, got {len(arrays)}")
     return torch.from_numpy(np.array(arrays[0], dtype=np.float32, copy=True))
+
+
+class InvalidReply(ValueError):
+    """A node's reply that does not hold what the server asked for; the node is dropped for that round."""
+
+
+def _record(content: RecordDict, key: str, kind: type) -> Any:
+    if key not in content:
+        raise InvalidReply(f"no {key!r} record")
+    record = content[key]
+    if not isinstance(record, kind):
+        raise InvalidReply(f"{key!r} is a {type(record).__name__}, not a {kind.__name__}")
+    return record
+
+
+def checked_array(record: ArrayRecord, what: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """The one float32 array of ``record``: exactly ``shape``, finite."""
+    if len(record) != 1:
+        raise InvalidReply(f"{what}: {len(record)} arrays where one is expected")
+    array = next(iter(record.values()))
+    if str(array.dtype) != "float32":
+        raise InvalidReply(f"{what}: dtype {array.dtype}, float32 expected")
+    if tuple(array.shape) != shape:
+        raise InvalidReply(f"{what} of shape {tuple(array.shape)}, expected {shape}")
+    values = torch.from_numpy(np.array(array.numpy(), dtype=np.float32, copy=True))
+    if not torch.isfinite(values).all():
+        raise InvalidReply(f"{what}: non-finite (NaN/Inf) values")
+    return values
+
+
+def _number(metrics: MetricRecord, key: str) -> float:
+    value = metrics[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidReply(f"metric {key!r} is {type(value).__name__}, not a number")
+    if not np.isfinite(value):
+        raise InvalidReply(f"metric {key!r} is {value}")
+    return float(value)
+
+
+def _exact_keys(metrics: MetricRecord, what: str, expected: set[str]) -> None:
+    keys = set(metrics)
+    if keys != expected:
+        missing, extra = sorted(expected - keys), sorted(keys - expected)
+        raise InvalidReply(f"{what}: " + "; ".join(part for part in (f"missing {missing}" if missing else "",
+                                                                      f"unexpected {extra}" if extra else "") if part))
+
+
+@dataclass(frozen=True)
+class TrainExpectation:
+    """What the server knows a training reply of one client must hold."""
+
+    client_id: int
+    dim: int
+    num_examples: int  # the client's training rows (the server builds the same federation from the run config)
+    feedback_shape: tuple[int, ...] | None  # pFedGAT's feedback array, None when the method asks for none
+    upload_shapes: dict[str, tuple[int, ...]]  # the client rule's extra arrays
+
+
+def check_train_reply(content: RecordDict, expect: TrainExpectation) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``(delta [dim], metrics)`` of a training reply, every field checked: the records present are exactly those
+    asked for; arrays float32, of the expected shape, finite; ``client-id`` the one asked; ``num-examples`` the
+    client's row count; losses finite and non-negative. Anything else raises :class:`InvalidReply`."""
+    expected = {"delta", "metrics"} | ({"feedback"} if expect.feedback_shape else set()) | (
+        {"uploads"} if expect.upload_shapes else set())
+    if set(content.keys()) != expected:
+        raise InvalidReply(f"records {sorted(content.keys())} where {sorted(expected)} were expected")
+    delta = checked_array(_record(content, "delta", ArrayRecord), "update", (expect.dim,))
+    metrics = _record(content, "metrics", MetricRecord)
+    _exact_keys(metrics, "metrics", {"client-id", "num-examples", "loss-first", "loss-last"})
+    if metrics["client-id"] != expect.client_id or isinstance(metrics["client-id"], bool):
+        raise InvalidReply(f"reply speaks for client {metrics['client-id']!r}, not {expect.client_id}")
+    examples = metrics["num-examples"]
+    if not isinstance(examples, int) or isinstance(examples, bool) or examples != expect.num_examples:
+        raise InvalidReply(f"claims num-examples {examples!r}; the client holds {expect.num_examples} training rows")
+    values = {"num_examples": torch.tensor([float(examples)])}
+    for key in ("loss-first", "loss-last"):
+        loss = _number(metrics, key)
+        if loss < 0:
+            raise InvalidReply(f"metric {key!r} is negative ({loss})")
+        values[key.replace("-", "_")] = torch.tensor([loss])
+    if expect.feedback_shape:
+        values["feedback"] = checked_array(_record(content, "feedback", ArrayRecord), "feedback",
+                                           expect.feedback_shape).unsqueeze(0)
+    if expect.upload_shapes:
+        values.update(record_named_arrays(_record(content, "uploads", ArrayRecord), expect.upload_shapes))
+    return delta, values
 
 
 def train_content(weights: torch.Tensor, client_id: int, round_index: int, purpose: str, seed: int,
@@ -67,31 +154,38 @@ def named_arrays(arrays: dict[str, torch.Tensor]) -> ArrayRecord:
 
 
 def record_named_arrays(record: ArrayRecord, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    """The arrays of ``record``, exactly the names and shapes expected (``[1, *shape]`` each), finite."""
+    """The arrays of ``record``, exactly the names and shapes expected (``[1, *shape]`` each), float32, finite."""
+    dtypes = {name: array.dtype for name, array in record.items()}
+    if any(str(dtype) != "float32" for dtype in dtypes.values()):
+        raise InvalidReply(f"arrays of dtype {sorted(set(map(str, dtypes.values())))}, float32 expected")
     arrays = record.to_torch_state_dict()
     if set(arrays) != set(shapes):
-        raise ValueError(f"arrays {sorted(arrays)} where {sorted(shapes)} were expected")
+        raise InvalidReply(f"arrays {sorted(arrays)} where {sorted(shapes)} were expected")
     for name, value in arrays.items():
         if tuple(value.shape) != tuple(shapes[name]):
-            raise ValueError(f"array {name!r} of shape {tuple(value.shape)}, expected {tuple(shapes[name])}")
+            raise InvalidReply(f"array {name!r} of shape {tuple(value.shape)}, expected {tuple(shapes[name])}")
         if not torch.isfinite(value).all():
-            raise ValueError(f"array {name!r} holds NaN/Inf")
+            raise InvalidReply(f"array {name!r} holds NaN/Inf")
     return {name: value.to(torch.float32).unsqueeze(0) for name, value in arrays.items()}
 
 
-def reply_feedback(content: RecordDict, seed: int, round_index: int, client_id: int) -> dict[str, torch.Tensor]:
-    """The client's feedback array, and the seed of its direction (the server derives it as the client did)."""
+def feedback_seed(seed: int, round_index: int, client_id: int) -> dict[str, torch.Tensor]:
+    """The seed of a client's feedback direction: the server derives it as the client did."""
     from graphfed.core import rng
 
-    feedback_seed = rng.stream_seed(seed, round_index, "feedback", client_id)
-    return {"feedback": record_weights(content["feedback"]).unsqueeze(0),
-            "feedback_seed": torch.tensor([feedback_seed], dtype=torch.int64)}
+    return {"feedback_seed": torch.tensor([rng.stream_seed(seed, round_index, "feedback", client_id)],
+                                          dtype=torch.int64)}
 
 
-def reply_metrics(metrics: MetricRecord) -> dict[str, torch.Tensor]:
-    return {"num_examples": torch.tensor([float(metrics["num-examples"])]),
-            "loss_first": torch.tensor([float(metrics["loss-first"])]),
-            "loss_last": torch.tensor([float(metrics["loss-last"])])}
+def check_identity(content: RecordDict, num_clients: int) -> int:
+    """The partition id a node's query reply claims: an integer in ``0..num_clients - 1``."""
+    identity = _record(content, "identity", ConfigRecord)
+    claimed = identity.get(PARTITION_KEY) if hasattr(identity, "get") else None
+    if isinstance(claimed, bool) or not isinstance(claimed, int):
+        raise InvalidReply(f"partition id {claimed!r} is not an integer")
+    if not 0 <= claimed < num_clients:
+        raise InvalidReply(f"partition id {claimed} is outside 0..{num_clients - 1}")
+    return claimed
 
 
 def scores_record(scores: dict[str, ClientScores]) -> MetricRecord:
@@ -99,10 +193,48 @@ def scores_record(scores: dict[str, ClientScores]) -> MetricRecord:
                          for split, score in scores.items() for name in SCORE_FIELDS})
 
 
-def record_scores(record: MetricRecord, split: str) -> ClientScores:
-    values = {name: torch.tensor([float(record[f"{split}-{name}"])]) for name in SCORE_FIELDS}
-    values["counts"] = values["counts"].long()
-    return ClientScores(**values)
+@dataclass(frozen=True)
+class ScoreExpectation:
+    """What the server knows about one client's evaluation split: its rows, values per row, the task."""
+
+    counts: int
+    elements_per_row: int  # 1 for classification; target values per row for regression
+    task: str
+
+
+def check_scores(metrics: MetricRecord, split: str, expect: ScoreExpectation) -> ClientScores:
+    """One split's scores from an evaluation reply, checked: counts and elements the server knows, sums within
+    their range (an accuracy counts at most every row), the metric equal to its own numerator over denominator,
+    losses non-negative. A forged score that passes these is indistinguishable from a true one."""
+    values = {name: _number(metrics, f"{split}-{name}") for name in SCORE_FIELDS}
+    if values["counts"] != expect.counts:
+        raise InvalidReply(f"{split}: {values['counts']:g} rows claimed; the client holds {expect.counts}")
+    elements = expect.counts * expect.elements_per_row
+    if values["metric_elements"] != elements:
+        raise InvalidReply(f"{split}: {values['metric_elements']:g} scored values claimed, {elements} expected")
+    total = values["metric_sum"]
+    if total < 0 or (expect.task == "classification" and total > elements):
+        upper = elements if expect.task == "classification" else "inf"
+        raise InvalidReply(f"{split}: metric numerator {total:g} outside 0..{upper}")
+    metric = total / elements if elements else 0.0
+    if abs(values["metric"] - metric) > 1e-5 * max(1.0, abs(metric)):
+        raise InvalidReply(f"{split}: metric {values['metric']:g} is not its numerator over its rows ({metric:g})")
+    if values["loss"] < 0 or values["abs_error_sum"] < 0 or (expect.task == "classification"
+                                                              and values["abs_error_sum"] != 0):
+        raise InvalidReply(f"{split}: loss {values['loss']:g} or absolute error {values['abs_error_sum']:g} "
+                           f"out of range")
+    scores = {name: torch.tensor([value]) for name, value in values.items()}
+    scores["counts"] = scores["counts"].long()
+    return ClientScores(**scores)
+
+
+def check_evaluation_reply(content: RecordDict, expect: dict[str, ScoreExpectation]) -> dict[str, ClientScores]:
+    """Every split's scores of an evaluation reply (see :func:`check_scores`); exactly the fields asked for."""
+    if set(content.keys()) != {"metrics"}:
+        raise InvalidReply(f"records {sorted(content.keys())} where ['metrics'] was expected")
+    metrics = _record(content, "metrics", MetricRecord)
+    _exact_keys(metrics, "scores", {f"{split}-{name}" for split in expect for name in SCORE_FIELDS})
+    return {split: check_scores(metrics, split, expectation) for split, expectation in expect.items()}
 
 
 def missing_scores() -> ClientScores:

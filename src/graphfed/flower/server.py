@@ -3,14 +3,21 @@
 ``FlowerExecutor`` is a ``ClientExecutor``: the simulator's round loop (sampling, method updates,
 evaluation, checkpoints, summaries) runs unchanged and hands client work to Flower nodes. Each selected
 node gets its OWN personalised weights in one message. Nodes that error, time out or disconnect are
-dropped from that round (logged) and the round completes with the rest; replies with NaN/Inf or the
-wrong shape are rejected (logged) and never reach the method.
+dropped from that round (logged) and the round completes with the rest.
+
+A node's reply is input, validated like a config (``protocol.check_train_reply`` / ``check_evaluation_reply``):
+every record and field must be the one asked for, of the right dtype and shape, finite and in range (the server
+knows each client's row counts from the run config). A reply that fails is dropped for that round (logged and
+counted in ``summary.json``): it never reaches the method, never enters model selection. A node may not claim a
+partition id another node has served in this run.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -36,10 +43,18 @@ class FlowerExecutor(ClientExecutor):
         self.training: LocalTraining = setup.client_rule.setting.training  # what the simulator's clients run
         #: what each node must upload besides its delta (its client rule's extra arrays), checked on arrival
         self.upload_shapes = setup.client_rule.upload_shapes()
+        #: the data as the clients hold it (the server builds the same federation): row counts replies must match
+        self.federation = setup.clients.federation
         self.node_of_client: dict[int, int] = {}
+        #: every partition id claimed in this run and the node that claimed it first (it stays that node's)
+        self.claimed_by: dict[int, int] = {}
         self.known_nodes: set[int] = set()
         #: what happened to clients, for the run's log and tests: (round, client id, reason)
         self.dropped: list[tuple[int, int, str]] = []
+        #: how many drops of each kind: no_node, error, timeout, invalid_reply
+        self.drop_counts: Counter[str] = Counter()
+        #: nodes refused at identification: (node id, claimed partition id, reason)
+        self.refused_nodes: list[tuple[int, object, str]] = []
 
     # ---- node <-> client identity ------------------------------------------------------------------
     def wait_for_nodes(self) -> None:
@@ -69,19 +84,36 @@ class FlowerExecutor(ClientExecutor):
             if reply.has_error():
                 log.warning("node %d did not tell its client id: %s", node, reply.error.reason)
                 continue
-            client_id = int(reply.content["identity"][protocol.PARTITION_KEY])
-            if not 0 <= client_id < self.num_clients:
-                log.warning("node %d claims client %d, outside 0..%d; ignored", node, client_id, self.num_clients - 1)
+            try:
+                client_id = protocol.check_identity(reply.content, self.num_clients)
+            except Exception as err:  # a node's reply is untrusted input: refuse it, never crash
+                self._refuse(node, None, f"invalid identity reply ({_reason(err)})")
                 continue
-            if client_id in self.node_of_client and self.node_of_client[client_id] != node:
-                log.warning("client %d moved from node %d to node %d", client_id, self.node_of_client[client_id], node)
+            owner = self.claimed_by.setdefault(client_id, node)
+            if owner != node:
+                self._refuse(node, client_id, f"partition id {client_id} is already served by node {owner} in this run")
+                continue
             self.node_of_client[client_id] = node
             self.known_nodes.add(node)
         log.info("%d of %d clients have a node", len(self.node_of_client), self.num_clients)
 
-    def _drop(self, round_index: int, client_id: int, reason: str) -> None:
+    def _refuse(self, node: int, client_id: int | None, reason: str) -> None:
+        """A node that will not serve in this run (it is not asked again)."""
+        self.refused_nodes.append((node, client_id, reason))
+        self.known_nodes.add(node)
+        log.warning("node %d refused: %s", node, reason)
+
+    def _drop(self, round_index: int, client_id: int, reason: str, kind: str) -> None:
         self.dropped.append((round_index + 1, client_id, reason))
+        self.drop_counts[kind] += 1
         log.warning("round %d: client %d dropped: %s", round_index + 1, client_id, reason)
+
+    def report(self) -> dict[str, object]:
+        """What only the Flower engine knows, for summary.json."""
+        return {"dropped_clients": [{"round": r, "client": c, "reason": why} for r, c, why in self.dropped],
+                "drop_counts": {kind: self.drop_counts[kind] for kind in DROP_KINDS},
+                "refused_nodes": [{"node": node, "claimed": claimed, "reason": why}
+                                  for node, claimed, why in self.refused_nodes]}
 
     def _exchange(self, client_ids: torch.Tensor, contents: list[RecordDict], message_type: str,
                   round_index: int) -> dict[int, Message]:
@@ -91,7 +123,7 @@ class FlowerExecutor(ClientExecutor):
         for client_id, content in zip(client_ids.tolist(), contents, strict=True):
             node = self.node_of_client.get(client_id)
             if node is None:
-                self._drop(round_index, client_id, "no node serves this client")
+                self._drop(round_index, client_id, "no node serves this client", "no_node")
                 continue
             client_of_node[node] = client_id
             messages.append(Message(content, dst_node_id=node, message_type=message_type,
@@ -105,15 +137,20 @@ class FlowerExecutor(ClientExecutor):
         for reply in received:
             client_id = client_of_message.get(reply.metadata.reply_to_message_id,
                                               client_of_node.get(reply.metadata.src_node_id))
-            if client_id is None:
+            if client_id is None or client_id in replies:
                 continue
             if reply.has_error():
-                self._drop(round_index, client_id, f"error reply: {reply.error.reason}")
+                self._drop(round_index, client_id, f"error reply: {reply.error.reason}", "error")
+                continue
+            if reply.metadata.src_node_id != self.node_of_client.get(client_id):
+                self._drop(round_index, client_id, f"reply from node {reply.metadata.src_node_id}, not the client's",
+                           "invalid_reply")
                 continue
             replies[client_id] = reply
         for client_id in client_of_node.values():
             if client_id not in replies and not any(d[:2] == (round_index + 1, client_id) for d in self.dropped):
-                self._drop(round_index, client_id, "no reply before the timeout (node failed or disconnected)")
+                self._drop(round_index, client_id, "no reply before the timeout (node failed or disconnected)",
+                           "timeout")
         return replies
 
     # ---- ClientExecutor --------------------------------------------------------------------------------
@@ -128,28 +165,22 @@ class FlowerExecutor(ClientExecutor):
             contents.append(content)
         upload_shapes = self.upload_shapes if purpose == "local_training" else {}
         replies = self._exchange(client_ids, contents, MessageType.TRAIN, round_index)
+        feedback = training.feedback if purpose == "local_training" else "none"
+        feedback_shape = {"none": None, "val_gradient": (self.dim,), "val_loss_pair": (2,)}[feedback]
         rows, deltas, metrics = [], [], []
         for row, client_id in enumerate(client_ids.tolist()):
             reply = replies.get(client_id)
             if reply is None:
                 continue
+            expect = protocol.TrainExpectation(client_id, self.dim, int(self.federation.train.counts[client_id]),
+                                               feedback_shape, upload_shapes)
             try:
-                delta = protocol.record_weights(reply.content["delta"])
-                reply_metrics = protocol.reply_metrics(reply.content["metrics"])
-                if training.feedback != "none" and purpose == "local_training":
-                    reply_metrics.update(protocol.reply_feedback(reply.content, self.config.seed, round_index,
-                                                                 client_id))
-                if upload_shapes:
-                    reply_metrics.update(protocol.record_named_arrays(reply.content["uploads"], upload_shapes))
-            except (KeyError, ValueError, TypeError) as err:
-                self._drop(round_index, client_id, f"malformed reply ({err})")
+                delta, reply_metrics = protocol.check_train_reply(reply.content, expect)
+            except Exception as err:  # a node's reply is untrusted input: drop it, never crash
+                self._drop(round_index, client_id, f"invalid reply rejected ({_reason(err)})", "invalid_reply")
                 continue
-            if delta.shape != (self.dim,):
-                self._drop(round_index, client_id, f"update of shape {tuple(delta.shape)}, expected ({self.dim},)")
-                continue
-            if not torch.isfinite(delta).all():
-                self._drop(round_index, client_id, "non-finite (NaN/Inf) update rejected")
-                continue
+            if feedback_shape:
+                reply_metrics.update(protocol.feedback_seed(self.config.seed, round_index, client_id))
             rows.append(row)
             deltas.append(delta)
             metrics.append(reply_metrics)
@@ -163,10 +194,38 @@ class FlowerExecutor(ClientExecutor):
         contents = [protocol.train_content(weights[row], client_id, round_index, "evaluation", self.config.seed,
                                            self.training) for row, client_id in enumerate(client_ids.tolist())]
         replies = self._exchange(client_ids, contents, MessageType.EVALUATE, round_index)
-        scores: dict[str, list[ClientScores]] = {"val": [], "test": []}
+        splits = self.federation.evaluation_splits
+        scores: dict[str, list[ClientScores]] = {split: [] for split in splits}
         for client_id in client_ids.tolist():
+            reply = replies.get(client_id)
+            checked = None
+            if reply is not None:
+                try:
+                    checked = protocol.check_evaluation_reply(reply.content, self._score_expectations(client_id))
+                except Exception as err:  # a node's reply is untrusted input: drop it, never crash
+                    self._drop(round_index, client_id, f"invalid evaluation rejected ({_reason(err)})",
+                               "invalid_reply")
             for split, parts in scores.items():
-                reply = replies.get(client_id)
-                parts.append(protocol.record_scores(reply.content["metrics"], split) if reply
-                             else protocol.missing_scores())
+                parts.append(checked[split] if checked else protocol.missing_scores())
         return {split: ClientScores.concat(parts) for split, parts in scores.items()}
+
+    def _score_expectations(self, client_id: int) -> dict[str, protocol.ScoreExpectation]:
+        fed = self.federation
+        return {split: protocol.ScoreExpectation(
+            int(getattr(fed, split).counts[client_id]),
+            1 if fed.task == "classification" else math.prod(getattr(fed, split).y.shape[1:]), fed.task)
+            for split in fed.evaluation_splits}
+
+
+#: summary.json fields only the Flower engine writes
+FLOWER_FIELDS = ("dropped_clients", "drop_counts", "refused_nodes")
+#: the kinds of drop counted in summary.json
+DROP_KINDS = ("no_node", "error", "timeout", "invalid_reply")
+
+
+def _reason(err: Exception) -> str:
+    """One printable line of at most 200 characters naming what was wrong with a reply."""
+    from graphfed.config import printable
+
+    text = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return printable(text if isinstance(err, protocol.InvalidReply) else f"{type(err).__name__}: {text}")[:200]

@@ -9,12 +9,21 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from graphfed.methods.base import Method, MethodContext, MethodOptions, weighted_mean
+from graphfed.attacks.defenses import Aggregation, robust_aggregate
+from graphfed.methods.base import Method, MethodContext, MethodOptions
 from graphfed.sim.client import ClientRule, ClientSetting
 
 
 class FedAvgOptions(MethodOptions):
     server_lr: float = Field(default=1.0, gt=0, description="1.0 = plain FedAvg averaging")
+    aggregation: Aggregation = Field(default="fedavg", description="how the server combines the updates, named as "
+                                     "Flower's strategies: fedavg (sample-weighted mean), fedmedian, fedtrimmedavg, "
+                                     "krum, multikrum (graphfed.attacks.defenses)")
+    beta: float = Field(default=0.2, ge=0.0, lt=0.5, description="fedtrimmedavg: share cut from each end")
+    num_malicious_nodes: int = Field(default=0, ge=0, description="krum/multikrum: f, the attackers tolerated")
+    num_nodes_to_select: int = Field(default=1, ge=1, description="multikrum: updates averaged")
+    clipping_norm: float | None = Field(default=None, gt=0, description="clip each update to this L2 norm before "
+                                        "aggregating (Flower's fixed clipping, no noise); default: no clipping")
 
 
 class FedAvg(Method):
@@ -40,8 +49,17 @@ class FedAvg(Method):
     def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
                metrics: dict[str, torch.Tensor]) -> None:
         # delta = sent - trained, so subtracting the mean delta moves towards the clients' models.
-        mean_delta = weighted_mean(delta, metrics["num_examples"])
-        self.global_weights = self.global_weights - self.server_lr * mean_delta
+        self.global_weights = self.global_weights - self.server_lr * self.aggregate(delta, metrics["num_examples"])
+
+    def aggregate(self, updates: torch.Tensor, num_examples: torch.Tensor) -> torch.Tensor:
+        """``[dim]``: the clients' updates (or any per-client rows the server averages) combined under the
+        ``aggregation`` option (the sample-weighted mean by default; always, for a subclass whose options are not
+        FedAvg's, e.g. pFedMe, whose ``beta`` is its own)."""
+        options = self.options
+        if not isinstance(options, FedAvgOptions):
+            return robust_aggregate(updates, num_examples)
+        return robust_aggregate(updates, num_examples, options.aggregation, options.beta, options.num_malicious_nodes,
+                                options.num_nodes_to_select, options.clipping_norm)
 
 
 class FedAvgFTOptions(FedAvgOptions):

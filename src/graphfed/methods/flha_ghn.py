@@ -30,7 +30,7 @@ from graphfed.methods.fedavg import FedAvg, FedAvgOptions
 from graphfed.models.base import TargetModel
 from graphfed.models.family import ArchitectureFamily
 from graphfed.nn.ghn import GeneratedNetwork, GraphHypernetwork, vocabulary
-from graphfed.sim.client import ClientRule, ClientSetting, LocalStep, Weights, train_clients
+from graphfed.sim.client import ClientRule, ClientSetting, HeadTraining, train_clients
 
 
 class FlhaGhnOptions(FedAvgOptions):
@@ -77,17 +77,6 @@ def epoch_steps(counts: torch.Tensor, epochs: float, batch_size: int) -> torch.T
     return (epochs * counts.double() / batch_size).ceil().clamp_min(1).long()
 
 
-class HeadRefinement(ClientRule):
-    """SGD on the head tensors only; the body stays as generated."""
-
-    def step(self, local: LocalStep, tracks: dict[str, Weights], received: Weights) -> tuple[dict[str, Weights],
-                                                                                          torch.Tensor]:
-        head = self.setting.head
-        model = {name: value.detach().requires_grad_(name in head) for name, value in tracks["model"].items()}
-        losses = local.loss(model)
-        return {"model": local.descend(model, losses, names=head)}, losses
-
-
 class GeneratedWeightsRule(ClientRule):
     """FLHA-GHN's client: trains its GHN copy (the network is a :class:`GeneratedNetwork`); evaluates its own
     architecture with generated weights, the head refined for ``refine_epochs`` if it took part in training
@@ -118,5 +107,5 @@ class GeneratedWeightsRule(ClientRule):
                                     training)
             weights[group] = train_clients(architecture, spec, weights[group], train.select(group), training,
                                            self.setting.task, [seeds[i] for i in group.tolist()],
-                                           HeadRefinement(setting)).trained
+                                           HeadTraining(setting)).trained
         return architecture, spec, weights

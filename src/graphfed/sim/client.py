@@ -296,6 +296,17 @@ class PersonalModelRule(ClientRule):
         return state["personal"]
 
 
+class HeadTraining(ClientRule):
+    """SGD on the head tensors only; the body stays as received (FLHA-GHN's head refinement, Simple-Tuning)."""
+
+    def step(self, local: LocalStep, tracks: dict[str, Weights], received: Weights) -> tuple[dict[str, Weights],
+                                                                                          torch.Tensor]:
+        head = self.setting.head
+        model = {name: value.detach().requires_grad_(name in head) for name, value in tracks["model"].items()}
+        losses = local.loss(model)
+        return {"model": local.descend(model, losses, names=head)}, losses
+
+
 class LocalResult(NamedTuple):
     trained: torch.Tensor  # [S, dim], what the client's delta is computed from
     metrics: dict[str, torch.Tensor]  # each [S]; the rule's uploads too, each [S, *shape]

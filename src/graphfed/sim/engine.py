@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from graphfed.attacks import Attack, build_attack
+from graphfed.attacks.defenses import SimpleTuning
 from graphfed.config import ConfigError, RunConfig, dump_config
 from graphfed.core import rng
 from graphfed.core.params import ParamSpec
@@ -50,6 +52,9 @@ log = logging.getLogger("graphfed")
 __all__ = ["InvalidUpdateError", "NonFiniteUpdateError", "Setup", "Simulator", "check_update", "run_config"]
 
 BYTES_PER_VALUE = 4  # float32 on the wire
+#: what an evaluation records under attack (when there are attackers / a backdoor), carried into summary.json
+ROBUSTNESS_FIELDS = ("honest_test_mean", "honest_test_std", "malicious_test_mean", "asr_mean", "asr_honest",
+                     "asr_malicious")
 #: collaboration-graph rows saved per evaluation; larger federations save a fixed sample of this many clients
 GRAPH_ROWS = 512
 
@@ -61,6 +66,9 @@ class ClientSide:
     One architecture: ``model`` and its ``spec``. Mixed architectures (``model.architectures``): the ``family``,
     the network each architecture's clients train (``networks``), and ``spec``/``init_weights`` of the wire (what
     the method's ``client_networks`` says travels); ``model`` is then the first architecture's network.
+
+    ``attack`` says which clients are malicious (``attack:`` in the config); ``federation`` is the data as the clients
+    hold it, malicious clients' training rows already rewritten by a data attack.
     """
 
     config: RunConfig
@@ -68,22 +76,25 @@ class ClientSide:
     model: TargetModel
     spec: ParamSpec
     init_weights: torch.Tensor
+    attack: Attack
     family: ArchitectureFamily | None = None
     networks: list[TargetModel] = field(default_factory=list)
 
     @classmethod
     def build(cls, config: RunConfig, federation: Federation) -> ClientSide:
+        attack = build_attack(config.attack, federation, config.seed)
+        federation = attack.poison(federation)
         torch.manual_seed(rng.stream_seed(config.seed, 0, "init"))
         if config.model.architectures is None:
             model = build_model(config.model.name, federation, config.model.options)
             spec = ParamSpec.from_module(model)
-            return cls(config, federation, model, spec, spec.flatten_module(model))
+            return cls(config, federation, model, spec, spec.flatten_module(model), attack)
         family = build_family(config.model.name, config.model.options, config.model.architectures,
                               config.model.architecture_of, federation, config.seed)
         torch.manual_seed(rng.stream_seed(config.seed, 0, "init"))
         options = parse_options(config.method.name, config.method.options)
         spec, init_weights, networks = method_class(config.method.name).client_networks(options, family)
-        return cls(config, federation, networks[0], spec, init_weights, family, networks)
+        return cls(config, federation, networks[0], spec, init_weights, attack, family, networks)
 
     def rules(self, training: LocalTraining) -> list[ClientRule]:
         """The method's client rule for each network (one, without mixed architectures)."""
@@ -102,9 +113,18 @@ class ClientSide:
         they differ."""
         if self.family is None:
             store = None if client_ids is None else ClientStateStore(client_ids)
-            return ClientRuntime(self.model, self.spec, self.federation, rules[0], seed, store)
+            return ClientRuntime(self.model, self.spec, self.federation, rules[0], seed, store, self.attack,
+                                 self.simple_tuning())
         return ArchitectureRuntime(self.family, self.networks, rules, self.federation, seed, self.spec.dim,
-                                   client_ids)
+                                   client_ids, self.attack)
+
+    def simple_tuning(self) -> SimpleTuning | None:
+        """The Simple-Tuning defence of ``defense:``, if on (one architecture only: the config checks it)."""
+        defense, train = self.config.defense, self.config.train
+        if not defense.simple_tuning:
+            return None
+        return SimpleTuning(defense.tuning_steps or train.local_steps, defense.tuning_lr or train.lr,
+                            self.init_weights)
 
     def wire_values(self, client_ids: torch.Tensor, wire: str) -> int:
         """Values sent to (or from) ``client_ids``: on the ``own`` wire, each client's architecture's size."""
@@ -281,6 +301,17 @@ class Simulator:
                 log.warning("round %d: the %s %s of %d client(s) is NaN/Inf (%s); left out of the mean",
                             round_index + 1, split, fed.metric, len(broken),
                             ", ".join(record[f"{split}_nonfinite_clients"][:10]))
+        attack = self.setup.clients.attack
+        if attack.active:  # how the honest clients fare, and the attackers (scored on their clean test rows)
+            malicious = attack.malicious[train_ids]
+            record["honest_test_mean"], record["honest_test_std"] = _mean_std(test.metric[~malicious])
+            record["malicious_test_mean"] = _mean_std(test.metric[malicious])[0]
+        if "backdoor_test" in scores:  # attack success rate: triggered rows classified as the target
+            asr = scores["backdoor_test"].select(train_ids).metric
+            record["asr_mean"] = _mean_std(asr)[0]
+            if attack.active:
+                record["asr_honest"] = _mean_std(asr[~malicious])[0]
+                record["asr_malicious"] = _mean_std(asr[malicious])[0]
         family = self.setup.family
         if family is not None:  # mixed architectures: how each architecture's (training) clients fare
             record["test_by_architecture"] = {
@@ -388,6 +419,11 @@ class Simulator:
             io.atomic_write_text(self.out_dir / io.CONFIG, dump_config(cfg))
         for note in method.notes:
             log.info(note)
+        attack = self.setup.clients.attack
+        if attack.active:
+            names = attack.describe(fed.client_names)["malicious_clients"]
+            log.info("attack %s: %d malicious client(s): %s%s", cfg.attack.kind, len(names), ", ".join(names[:10]),
+                     ", ..." if len(names) > 10 else "")
         if self.setup.family is not None:
             log.info("client architectures: %s", ", ".join(f"{name} x {count}" for name, count
                                                           in self.setup.family.counts().items()))
@@ -459,6 +495,9 @@ class Simulator:
                                                              for a in self.setup.family.assignment), strict=True))}
                if self.setup.family is not None else {}),
             "novel_adapted_mean": novel_adapted[0], "novel_adapted_std": novel_adapted[1],
+            "attack": self.setup.clients.attack.describe(fed.client_names),
+            **{key: best.get(key) for key in ROBUSTNESS_FIELDS},
+            "defense": cfg.defense.model_dump(mode="json"),
             "best_round": best.get("round"), "final_test_mean": last.get("test_mean"),
             "rounds": last.get("round", 0), "num_clients": fed.num_clients,
             "clients_per_round": self.clients_per_round,

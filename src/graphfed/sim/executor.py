@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from graphfed.attacks import Attack
+from graphfed.attacks.defenses import SimpleTuning
 from graphfed.core import rng
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import Federation
@@ -23,8 +25,6 @@ from graphfed.sim.client import (
     train_clients,
     validation_feedback,
 )
-
-SPLITS = ("val", "test")
 
 
 class NonFiniteUpdateError(RuntimeError):
@@ -138,13 +138,16 @@ class ClientRuntime(ClientExecutor):
     """Clients in this process, all trained at once. A Flower client is the same runtime with S = 1.
 
     ``rule`` is the method's client rule; ``store`` keeps the clients' state between rounds (default: every
-    client of the federation, in memory).
+    client of the federation, in memory). ``attack``: which clients are malicious and what they upload (their
+    training rows are already rewritten in ``federation``); ``tuning``: Simple-Tuning before evaluation.
     """
 
     def __init__(self, model: TargetModel, spec: ParamSpec, federation: Federation, rule: ClientRule,
-                 seed: int, store: ClientStateStore | None = None) -> None:
+                 seed: int, store: ClientStateStore | None = None, attack: Attack | None = None,
+                 tuning: SimpleTuning | None = None) -> None:
         self.model, self.spec, self.federation = model, spec, federation
         self.rule, self.seed = rule, seed
+        self.attack, self.tuning = attack, tuning
         self.training = rule.setting.training
         self.store = store if store is not None else ClientStateStore(torch.arange(federation.num_clients))
 
@@ -179,7 +182,10 @@ class ClientRuntime(ClientExecutor):
             metrics["feedback"] = validation_feedback(self.model, self.spec, start, validation, self.federation.task,
                                                       self.training, feedback_seeds)
             metrics["feedback_seed"] = torch.tensor(feedback_seeds, dtype=torch.int64)
-        return TrainResult(torch.arange(len(client_ids)), client_ids, start - trained, metrics)
+        delta = start - trained
+        if self.attack is not None and purpose == "local_training":
+            delta = self.attack.forge(client_ids, delta, round_index)
+        return TrainResult(torch.arange(len(client_ids)), client_ids, delta, metrics)
 
     def _state_for(self, client_ids: torch.Tensor, start: torch.Tensor,
                    fresh: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -196,7 +202,7 @@ class ClientRuntime(ClientExecutor):
         clients that never trained (novel clients) evaluate the weights they received, untouched."""
         trained = self.store.has_trained(client_ids)
         keeps_received = (type(self.rule).eval_weights is ClientRule.eval_weights
-                          and not self.rule.eval_finetune_steps)
+                          and not self.rule.eval_finetune_steps and self.tuning is None)
         if not trained.any() or keeps_received:  # nothing to replace: no copy of [N, dim] weights
             return weights
         ids, rows = client_ids[trained], torch.nonzero(trained).flatten()
@@ -206,6 +212,9 @@ class ClientRuntime(ClientExecutor):
             seeds = rng.client_seeds(self.seed, round_index, "evaluation", ids)
             own = train_clients(self.model, self.spec, own, self.federation.train.select(ids),
                                 finetune.setting.training, self.federation.task, seeds, finetune).trained
+        if self.tuning is not None:
+            own = self.tuning.apply(self.model, self.rule.setting, own, self.federation.train.select(ids),
+                                    rng.client_seeds(self.seed, round_index, "tuning", ids))
         weights = weights.clone()
         weights[rows] = own
         return weights
@@ -226,7 +235,7 @@ class ClientRuntime(ClientExecutor):
         return {split: evaluate_clients(model, spec, weights,
                                         getattr(self.federation, split).select(client_ids), self.federation.task,
                                         forward=forward)
-                for split in SPLITS}
+                for split in self.federation.evaluation_splits}
 
     def _rule_forward(self, client_ids: torch.Tensor) -> Callable[[Weights, torch.Tensor, torch.Tensor], torch.Tensor]:
         """Predictions of the rule's ``eval_forward`` for clients that trained, the model's for the others."""
@@ -264,15 +273,17 @@ class ArchitectureRuntime(ClientExecutor):
     one)."""
 
     def __init__(self, family: ArchitectureFamily, networks: list[TargetModel], rules: list[ClientRule],
-                 federation: Federation, seed: int, wire_dim: int, client_ids: torch.Tensor | None = None) -> None:
+                 federation: Federation, seed: int, wire_dim: int, client_ids: torch.Tensor | None = None,
+                 attack: Attack | None = None) -> None:
         self.family, self.wire_dim = family, wire_dim
+        self.splits = federation.evaluation_splits
         kept = torch.arange(federation.num_clients) if client_ids is None else client_ids
         self.runtimes: dict[int, ClientRuntime] = {}
         for arch, (network, rule) in enumerate(zip(networks, rules, strict=True)):
             members = kept[family.assignment[kept] == arch]
             if len(members):
                 self.runtimes[arch] = ClientRuntime(network, rule.spec, federation, rule, seed,
-                                                    ClientStateStore(members))
+                                                    ClientStateStore(members), attack)
 
     def runtime_of(self, client_id: int) -> ClientRuntime:
         """The runtime of ``client_id``'s architecture (its rule and its state store)."""
@@ -300,16 +311,16 @@ class ArchitectureRuntime(ClientExecutor):
         return TrainResult(torch.arange(len(client_ids)), client_ids, delta, metrics)
 
     def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int) -> dict[str, ClientScores]:
-        parts: dict[str, list[ClientScores]] = {split: [] for split in SPLITS}
+        parts: dict[str, list[ClientScores]] = {split: [] for split in self.splits}
         order = []
         for arch, positions in self.family.groups(client_ids):
             runtime = self._group(arch)
             scores = runtime.evaluate(client_ids[positions], weights[positions, :runtime.spec.dim], round_index)
-            for split in SPLITS:
+            for split in self.splits:
                 parts[split].append(scores[split])
             order.append(positions)
         back = torch.argsort(torch.cat(order))  # group order -> the asked-for order
-        return {split: ClientScores.concat(parts[split]).select(back) for split in SPLITS}
+        return {split: ClientScores.concat(parts[split]).select(back) for split in self.splits}
 
     def state_dict(self) -> dict[str, Any]:
         return {self.family.names[arch]: runtime.state_dict() for arch, runtime in self.runtimes.items()}
