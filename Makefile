@@ -34,6 +34,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/flower_overhead.py
 	$(BIN)/python benchmarks/flha.py run
 	$(BIN)/python benchmarks/flha.py report
+	$(BIN)/graphfed bench benchmarks/suites/robustness.yaml --out benchmarks/results/robustness --in-process
+	$(BIN)/python benchmarks/robustness.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -342,3 +342,36 @@ def test_simple_tuning_is_refused_for_mixed_architectures() -> None:
     with pytest.raises(ConfigError, match=r"defense.simple_tuning: clients of different architectures"):
         load_config(None, ["model.name=resnet-like", "model.architectures=[arch0, arch1]", "method.name=local",
                            "defense.simple_tuning=true", "dataset.name=digits"])
+
+
+def test_the_robustness_report_is_regenerated_from_its_run_directories() -> None:
+    """``benchmarks/results/robustness/report.md`` is exactly what ``benchmarks/robustness.py`` writes from the
+    committed ``runs/*/*/seed*/summary.json`` (no hand-edited number)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    import robustness
+
+    assert (robustness.RESULTS / "report.md").read_text() == robustness.render()
+
+
+def test_an_attacked_run_with_simple_tuning_resumes_bit_identically(tmp_path, monkeypatch) -> None:
+    """The malicious set, the forged noise and Simple-Tuning are drawn from (seed, round, client) streams: a run
+    interrupted after a checkpoint and resumed gives the uninterrupted run's summary."""
+    from conftest import without_wall_time
+    from graphfed.sim.checkpoint import load_checkpoint
+    from test_engine import interrupt_at
+
+    config = load_config(None, [*FLN, "method.name=ditto", "train.rounds=8", "train.eval_every=2",
+                                "train.checkpoint_every=4", "train.clients_per_round=5", "attack.kind=gaussian_noise",
+                                "attack.fraction=0.25", "defense.simple_tuning=true", "defense.tuning_steps=3"])
+    clean = run_config(config, tmp_path / "clean", progress=False)
+    interrupt_at(monkeypatch, 6)
+    with pytest.raises(KeyboardInterrupt):
+        run_config(config, tmp_path / "resumed", progress=False)
+    assert load_checkpoint(tmp_path / "resumed")["completed_rounds"] == 4
+    monkeypatch.undo()
+    resumed = run_config(config, tmp_path / "resumed", resume=True, progress=False)
+    assert without_wall_time(resumed) == without_wall_time(clean)
+    assert clean["attack"]["malicious_clients"] and clean["defense"]["simple_tuning"] is True

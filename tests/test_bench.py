@@ -152,6 +152,8 @@ def test_relative_data_dir_is_relative_to_the_suite_file(tmp_path: Path) -> None
     ("name: x\ndatasets: {a: {methods: [fedavg], config: {train: {rounds: 0}}}}\n",
      "datasets.a, method fedavg: train.rounds: Input should be greater than or equal to 1"),
     ("name: [x\n", "not valid YAML"),
+    ("name: x\nreport: ../x.md\ndatasets: {a: {methods: [fedavg]}}\n", "report file name '../x.md' cannot name a"),
+    ("name: x\nreport: report.json\ndatasets: {a: {methods: [fedavg]}}\n", "a markdown file name ending in .md"),
 ])
 def test_invalid_suite_is_one_clear_error_before_anything_runs(tmp_path: Path, content: str, message: str) -> None:
     suite = tmp_path / "suite.yaml"
@@ -165,6 +167,29 @@ def test_invalid_suite_is_one_clear_error_before_anything_runs(tmp_path: Path, c
 def test_unknown_dataset_filter_names_the_suite_keys() -> None:
     with pytest.raises(ConfigError, match="not in the suite: nope; the suite has fl60, digits"):
         suite_cells(load_suite(SMOKE), datasets=["nope"])
+
+
+def test_robustness_suite_covers_the_issue_grid() -> None:
+    """Model poisoning 0-50 % on FL-60 and Fashion-MNIST for the eight methods, label flipping at 30/40 %, the
+    backdoor with and without Simple-Tuning for Table V's six methods; 3 seeds; its own report name."""
+    suite = load_suite(Path(__file__).parents[1] / "benchmarks" / "suites" / "robustness.yaml")
+    assert suite.report == "bench.md"
+    cells = suite_cells(suite)
+    sweep = {"panacea", "panacea-gn", "pfedhn", "fedavg", "fedavg-median", "ditto", "fedaghn", "pfedgat"}
+    for data in ("fl60", "fmnist"):
+        for ratio in (0, 10, 20, 30, 40, 50):
+            key = f"{data}-mp-{ratio:02d}" if ratio == 0 else f"{data}-mp-{ratio}"
+            found = [c for c in cells if c.dataset == key]
+            assert {c.method for c in found} == sweep and {c.config.seed for c in found} == {0, 1, 2}
+            assert all(c.config.attack.kind == "model_poisoning" and c.config.attack.fraction == ratio / 100
+                       and c.config.attack.poison_lambda == 0.5 for c in found)
+    median = next(c for c in cells if c.method == "fedavg-median")
+    assert median.config.method.options == {"aggregation": "fedmedian"}
+    assert {c.config.attack.fraction for c in cells if c.config.attack.kind == "label_flip"} == {0.3, 0.4}
+    backdoor = [c for c in cells if c.config.attack.kind == "backdoor"]
+    assert {c.method for c in backdoor} == {"fedavg", "ditto", "panacea", "pfedhn", "fedaghn", "pfedgat"}
+    assert {c.config.defense.simple_tuning for c in backdoor} == {False, True}
+    assert all(c.config.attack.count == 1 and c.config.attack.blend == 0.2 for c in backdoor)
 
 
 def test_paper_suite_is_valid_and_covers_the_issue_grid() -> None:

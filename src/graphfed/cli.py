@@ -221,7 +221,8 @@ def bench(suite: Annotated[Path, typer.Argument(help="suite YAML: methods x data
           in_process: Annotated[bool, typer.Option(help="run cells in this process instead of one process each "
                                                    "(faster start, but peak RSS is then shared)")] = False,
           verbose: bool = False) -> None:
-    """Run a benchmark suite (resumable: finished cells are skipped) and write OUT/report.md."""
+    """Run a benchmark suite (resumable: finished cells are skipped) and write OUT/report.md (or the suite's
+    report name)."""
     import shlex
 
     from graphfed.config import apply_overrides

@@ -115,11 +115,16 @@ class Suite(_Strict):
     seeds: int = Field(default=3, ge=1)
     base: dict[str, Any] = Field(default_factory=dict)
     datasets: dict[str, SuiteDataset] = Field(min_length=1)
+    report: str = Field(default="report.md", description="file name of the report in --out (a suite whose own "
+                        "script writes report.md, e.g. robustness.yaml, names another)")
 
     @model_validator(mode="after")
     def _keys_are_folder_names(self) -> Suite:
         for key in self.datasets:
             check_safe_name(key, "dataset key")
+        check_safe_name(self.report, "report file name")
+        if not self.report.endswith(".md"):
+            raise ValueError(f"report {self.report!r}: a markdown file name ending in .md")
         return self
 
 
@@ -386,7 +391,8 @@ def _previous_invocations(out: Path) -> list[dict[str, Any]]:
 
 def write_report(suite: Suite, cells: list[Cell], results: dict[tuple[str, str], list[dict[str, Any]]],
                  out: Path, command: str, seconds: float) -> Path:
-    """``OUT/report.md`` (tables, plots, paper numbers) and ``OUT/report.json`` (every summary and row)."""
+    """``OUT/report.md`` (or the suite's ``report`` name: tables, plots, paper numbers) and ``OUT/report.json``
+    (every summary and row)."""
     out.mkdir(parents=True, exist_ok=True)
     env = environment()
     total_run_seconds = sum(s.get("cell_seconds", 0.0) for runs in results.values() for s in runs)
@@ -409,7 +415,7 @@ def write_report(suite: Suite, cells: list[Cell], results: dict[tuple[str, str],
                f"torch {env['torch']}, {env['cpu_count']} CPU(s), {env['platform']}. Time spent in cells run by "
                "each invocation: " + ", ".join(f"{item['seconds_in_new_cells']:.0f} s" for item in invocations) + ".",
                "", PROTOCOL, ""]
-    report = out / "report.md"
+    report = out / suite.report
     io.atomic_write_text(report, "\n".join(header + sections))
     payload = {"suite": suite.model_dump(mode="json"), "invocations": invocations, "environment": env,
                "tables": tables,

@@ -128,3 +128,24 @@ def plot_arch_graph(graph: Any, path: Path, title: str = "") -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_sweep(series: dict[str, list[tuple[float, float | None, float | None]]], path: Path, xlabel: str,
+               ylabel: str, title: str = "") -> None:
+    """A metric against a swept setting (e.g. the share of malicious clients), one line per method: each point is
+    ``(x, mean, std)`` over seeds, drawn with its std as an error bar; missing means leave a gap."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for name, points in series.items():
+        xs = [x for x, _, _ in points]
+        means = [float("nan") if mean is None else mean for _, mean, _ in points]
+        stds = [0.0 if std is None else std for _, _, std in points]
+        ax.errorbar(xs, means, yerr=stds, label=name, marker="o", markersize=3, capsize=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncols=2)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
