@@ -118,6 +118,9 @@ def test_list_shows_methods_datasets_and_models() -> None:
     for name in ("panacea", "panacea-gn", "panacea-mlp", "pfedhn", "fedavg", "local", "fl60", "fln", "tpt48",
                  "digits", "mlp", "cnn"):
         assert name in result.stdout, name
+    text = " ".join(result.stdout.split())
+    assert "attack.kind" in text and "model_poisoning" in text and "backdoor" in text
+    assert "defense.simple_tuning" in text and "Qin et al. 2023" in text
 
 
 def test_list_shows_every_method_with_its_option_defaults() -> None:

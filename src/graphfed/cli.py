@@ -362,6 +362,18 @@ def list_components(options: Annotated[bool, typer.Option("--options", help="als
         for name, text in known[title].items():
             table.add_row(name, text)
         console.print(table)
+    from graphfed.config import AttackConfig, DefenseConfig  # pydantic only: no torch
+
+    for section, model, what in (("attack", AttackConfig, "malicious clients"),
+                                 ("defense", DefenseConfig, "client-side defences")):
+        table = Table(title=f"{what} (config section `{section}:`)")
+        for header in ("field", "default", "meaning"):
+            table.add_column(header)
+        for field, info in model.model_fields.items():
+            choices = getattr(info.annotation, "__args__", None) if field == "kind" else None
+            meaning = info.description or ("one of " + ", ".join(choices) if choices else "")
+            table.add_row(f"{section}.{field}", "—" if info.default is None else repr(info.default), meaning)
+        console.print(table)
 
 
 def _print_options(method: str, rows: list[list[str]]) -> None:
