@@ -185,6 +185,20 @@ def test_run_writes_the_run_directory_and_prints_the_table(config_file: Path, tm
     assert "results in" in result.stdout
 
 
+def test_a_run_under_attack_prints_the_honest_clients_and_the_attack_success_rate(tmp_path: Path) -> None:
+    out, config = tmp_path / "run", tmp_path / "attacked.yaml"
+    config.write_text("dataset: {name: digits}\n")
+    result = invoke("run", config, "--set", "dataset.name=digits", "--set", "dataset.num_clients=6", "--set",
+                    "method.name=fedavg", "--set", "train.rounds=4", "--set", "train.eval_every=2", "--set",
+                    "attack.kind=backdoor", "--set", "attack.count=2", "--out", out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    text = " ".join(result.stdout.split())
+    assert "under attack: backdoor, 2 malicious client(s)" in text
+    assert f"{100 * summary['asr_honest']:.2f} %" in text
+    assert f"{100 * summary['honest_test_mean']:.2f}" in text
+
+
 def test_set_overrides_reach_the_run(config_file: Path, tmp_path: Path) -> None:
     """--set on the command line overrides the YAML file (here: the number of rounds and the method)."""
     out = tmp_path / "run"

@@ -125,6 +125,19 @@ def _print_summary(summary: dict[str, Any]) -> None:
                                else (summary["novel_adapted_mean"], summary["novel_adapted_std"]), metric),
                   f"{summary['wall_seconds']:.1f}")
     console.print(table)
+    attack = summary.get("attack") or {}
+    if attack.get("malicious_clients") or summary.get("asr_mean") is not None:
+        robustness = Table(title=f"under attack: {attack.get('kind')}, {len(attack.get('malicious_clients', []))} "
+                                 f"malicious client(s)")
+        for header in ("honest clients", "malicious clients", "ASR honest", "ASR malicious"):
+            robustness.add_column(header)
+        honest, malicious = summary.get("honest_test_mean"), summary.get("malicious_test_mean")
+        robustness.add_row(
+            "—" if honest is None else format_value((honest, summary["honest_test_std"]), metric),
+            "—" if malicious is None else format_value((malicious, 0.0), metric).split(" ±")[0],
+            *("—" if summary.get(key) is None else f"{100 * summary[key]:.2f} %" for key in ("asr_honest",
+                                                                                           "asr_malicious")))
+        console.print(robustness)
 
 
 @app.command()
