@@ -50,12 +50,27 @@ class DatasetConfig(_Strict):
                                           "partition decides which labels, this how many); default: all rows dealt")
     split: tuple[float, float, float] = (0.7, 0.1, 0.2)
     split_mode: Literal["random", "chronological"] = "random"
-    novel_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
+    novel_fraction: float = Field(default=0.0, ge=0.0, lt=1.0, description="share of clients held out of training "
+                                  "(novel clients), drawn from the seed")
+    novel_clients: list[str] | None = Field(default=None, min_length=1, description="the novel clients by name "
+                                            "(instead of novel_fraction): the same clients under every seed")
+    graph: Literal["given", "none", "knn"] = Field(default="given", description="the client graph methods read: "
+                                                   "the dataset's own (given), none (graph methods infer one from "
+                                                   "updates), or knn over the clients' data summaries")
+    graph_k: int = Field(default=5, ge=1, description="graph=knn: neighbours per client")
     data_dir: str | None = Field(default=None, description="default: $GRAPHFED_DATA, then ../shared/data")
     graph_knn: int = Field(default=0, ge=0, description="fl60/fln: link each client to its k nearest clients by "
                            "angle, a sparse graph for large N (0 = the paper's dense Bernoulli graph)")
     graph_threshold: float = Field(default=0.1, ge=0.0, le=1.0, description="weighted client graphs (metr-la-week):"
                                    " drop edges whose kernel weight is below this (DCRNN's normalized_k)")
+
+    @model_validator(mode="after")
+    def _one_way_to_hold_out(self) -> DatasetConfig:
+        if self.novel_clients is not None and self.novel_fraction > 0:
+            raise ValueError("dataset.novel_clients and dataset.novel_fraction both choose novel clients; set one")
+        if self.novel_clients is not None and len(set(self.novel_clients)) != len(self.novel_clients):
+            raise ValueError("dataset.novel_clients names a client twice")
+        return self
 
     @field_validator("split")
     @classmethod

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -19,7 +19,7 @@ import torch
 from graphfed.config import ConfigError, DatasetConfig, printable
 from graphfed.core.memory import check_fits
 from graphfed.data.federation import ClientSplit, Federation, Task
-from graphfed.data.graphs import choose_novel_clients, edges_to_adjacency
+from graphfed.data.graphs import choose_novel_clients, edges_to_adjacency, knn_graph
 from graphfed.data.partition import split_client_indices
 
 if TYPE_CHECKING:
@@ -181,13 +181,53 @@ def _image_clients(cfg: DatasetConfig, rng: np.random.Generator,
     return images.x, images.y, parts, groups, description, images.num_classes
 
 
+def _held_out_and_graph(fed: Federation, cfg: DatasetConfig) -> Federation:
+    """The choices every dataset shares: novel clients named in ``dataset.novel_clients``, and the client graph
+    ``dataset.graph`` asks for."""
+    changes: dict[str, object] = {}
+    if cfg.novel_clients is not None:
+        index = {name: i for i, name in enumerate(fed.client_names)}
+        unknown = [name for name in cfg.novel_clients if name not in index]
+        if unknown:
+            shown = ", ".join(fed.client_names[:8]) + (", ..." if fed.num_clients > 8 else "")
+            raise ConfigError(f"dataset.novel_clients: {printable(str(unknown[:5]))} are not clients of {fed.name} "
+                              f"(clients: {printable(shown)})")
+        if len(cfg.novel_clients) >= fed.num_clients:
+            raise ConfigError(f"dataset.novel_clients: all {fed.num_clients} clients are novel, none would train")
+        mask = torch.zeros(fed.num_clients, dtype=torch.bool)
+        mask[[index[name] for name in cfg.novel_clients]] = True
+        changes["novel_mask"] = mask
+    if cfg.graph == "none":
+        changes["client_graph"] = None
+    elif cfg.graph == "knn":
+        changes["client_graph"] = knn_graph(client_profiles(fed), cfg.graph_k)
+    return replace(fed, **changes) if changes else fed
+
+
+def client_profiles(fed: Federation) -> torch.Tensor:
+    """``[N, F]`` what a client's training data look like: its mean input and its label shares (classification)
+    or mean target (regression), each column standardised over clients (what ``dataset.graph: knn`` compares)."""
+    owner, rows = fed.train.row_owners()
+    counts = fed.train.counts.clamp_min(1).to(torch.float32).unsqueeze(1)
+    inputs = torch.zeros(fed.num_clients, int(np.prod(fed.input_shape))).index_add_(
+        0, owner, fed.train.x[rows].flatten(1).to(torch.float32)) / counts
+    if fed.task == "classification":
+        targets = torch.zeros(fed.num_clients, fed.output_dim).index_add_(
+            0, owner, torch.nn.functional.one_hot(fed.train.y[rows], fed.output_dim).to(torch.float32)) / counts
+    else:
+        targets = torch.zeros(fed.num_clients, fed.output_dim).index_add_(
+            0, owner, fed.train.y[rows].flatten(1).to(torch.float32)) / counts
+    profile = torch.cat([inputs, targets], dim=1)
+    return (profile - profile.mean(0)) / profile.std(0).clamp_min(1e-8)
+
+
 def build_federation(cfg: DatasetConfig, seed: int) -> Federation:
     """Build the federation named by ``cfg.name``; the same (cfg, seed) gives identical tensors.
 
     Data files are input like a config: a file that is corrupt or out of range raises ``ConfigError`` with the
     loader's one-line message (which names the file); a missing one raises ``FileNotFoundError``."""
     try:
-        return _build_federation(cfg, seed)
+        return _held_out_and_graph(_build_federation(cfg, seed), cfg)
     except (ConfigError, FileNotFoundError):
         raise
     except (ValueError, OSError, EOFError, zlib.error) as err:

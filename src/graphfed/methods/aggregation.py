@@ -5,6 +5,11 @@ per-layer weighted combination of them (``graphfed.core.mixing.mix_layers``), an
 what its local training makes of that start (FedAGHN Fig. 2, step 5), so evaluation uses each client's
 latest trained model (clients that never trained, e.g. novel ones, get the aggregate). Subclasses only say
 how the mixing matrices are made (and learned); the matrices are the method's collaboration graph.
+
+Clients that never trained hold no model (their stored row is the untrained initialisation), so they take no part
+in mixing: their columns are zeroed and each row renormalised over the clients that trained (a row that would mix
+only untrained clients takes the plain mean of the trained ones). Before any client trained, every stored row is
+the same initialisation and the mixing is used as is.
 """
 
 from __future__ import annotations
@@ -40,7 +45,17 @@ class PersonalizedAggregation(Method):
         """``[L, S, N]`` row-stochastic mixing weights of ``client_ids`` over all clients (may carry grad)."""
 
     def personalize(self, client_ids: torch.Tensor) -> torch.Tensor:
-        return mix_layers(self.mixing(client_ids), self.client_weights, self.context.spec)
+        return mix_layers(self.trained_mixing(client_ids), self.client_weights, self.context.spec)
+
+    def trained_mixing(self, client_ids: torch.Tensor) -> torch.Tensor:
+        """``[L, S, N]``: :meth:`mixing` restricted to clients that trained (see the module docstring)."""
+        mixing = self.mixing(client_ids)
+        if self.has_trained.all() or not self.has_trained.any():
+            return mixing
+        trained = self.has_trained.to(mixing.dtype)
+        kept = mixing * trained
+        total = kept.sum(-1, keepdim=True)
+        return torch.where(total > 0, kept / total.clamp_min(1e-30), trained / trained.sum())
 
     def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
                metrics: dict[str, torch.Tensor]) -> None:
@@ -67,4 +82,4 @@ class PersonalizedAggregation(Method):
     def collaboration_graph(self, client_ids: torch.Tensor | None = None) -> torch.Tensor:
         """``[L, rows, N]``: row i holds the weights client i's personalised model gives every client."""
         rows = torch.arange(self.context.num_clients) if client_ids is None else client_ids
-        return torch.cat([self.mixing(chunk).detach() for chunk in rows.split(MIXING_ROWS_PER_CALL)], dim=1)
+        return torch.cat([self.trained_mixing(chunk).detach() for chunk in rows.split(MIXING_ROWS_PER_CALL)], dim=1)

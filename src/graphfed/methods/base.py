@@ -71,6 +71,9 @@ class Method(ABC):
     #: what travels between server and clients when clients run different architectures (``models.family``):
     #: "shared" (one architecture only: the method refuses ``model.architectures``), "own", "ghn" or "teacher"
     architectures: ClassVar[str] = "shared"
+    #: why the method has no model for a client that never trained (Local: nothing is shared), or None. Such a
+    #: method reports no novel-client score ("—"), never the score of an untrained model.
+    no_novel_model: ClassVar[str | None] = None
 
     def __init__(self, context: MethodContext, options: MethodOptions) -> None:
         self.context = context

@@ -11,6 +11,7 @@ class Local(Method):
     name = "local"
     summary = "each client trains its own model alone (no federation)"
     architectures = "own"
+    no_novel_model = "local shares nothing: a client that never trained has no model of its own"
 
     def __init__(self, context: MethodContext, options: MethodOptions) -> None:
         super().__init__(context, options)

@@ -55,6 +55,8 @@ BYTES_PER_VALUE = 4  # float32 on the wire
 #: what an evaluation records under attack (when there are attackers / a backdoor), carried into summary.json
 ROBUSTNESS_FIELDS = ("honest_test_mean", "honest_test_std", "malicious_test_mean", "asr_mean", "asr_honest",
                      "asr_malicious")
+#: below this many clients, holding clients out by a fraction gets a warning
+SMALL_FEDERATION = 10
 #: collaboration-graph rows saved per evaluation; larger federations save a fixed sample of this many clients
 GRAPH_ROWS = 512
 
@@ -318,7 +320,7 @@ class Simulator:
                 name: _mean_std(test.metric[family.assignment[train_ids] == arch])[0]
                 for arch, name in enumerate(family.names)}
         record["novel_mean"] = record["novel_std"] = None
-        if len(novel_ids):
+        if len(novel_ids) and type(self.setup.method).no_novel_model is None:
             novel = scores["test"].select(novel_ids)
             record["novel_mean"], record["novel_std"] = _mean_std(novel.metric)
         return record
@@ -419,6 +421,7 @@ class Simulator:
             io.atomic_write_text(self.out_dir / io.CONFIG, dump_config(cfg))
         for note in method.notes:
             log.info(note)
+        self._announce_novel_clients()
         attack = self.setup.clients.attack
         if attack.active:
             names = attack.describe(fed.client_names)["malicious_clients"]
@@ -475,6 +478,28 @@ class Simulator:
                         title=f"{method.name} on {fed.name}")
         return summary
 
+    def _announce_novel_clients(self) -> None:
+        """Say which clients are held out of training, and warn when a small federation loses clients to a
+        fraction (a demo default of 20 % takes 1 of 5 hospitals, a different one under every seed)."""
+        fed, dataset = self.setup.federation, self.config.dataset
+        novel = [fed.client_names[int(i)] for i in fed.novel_client_ids]
+        if not novel:
+            return
+        log.info("novel clients (held out of training): %s%s", ", ".join(novel[:20]),
+                 ", ..." if len(novel) > 20 else "")
+        if dataset.novel_clients is None and fed.num_clients < SMALL_FEDERATION:
+            log.warning("dataset.novel_fraction=%g holds out %d of only %d clients (%s), chosen by the seed: name them "
+                        "with dataset.novel_clients to hold out the same ones under every seed, or set "
+                        "dataset.novel_fraction=0 to train all", dataset.novel_fraction, len(novel), fed.num_clients,
+                        ", ".join(novel))
+
+    def _graph_record(self) -> dict[str, Any]:
+        """Which client graph the run read (``dataset.graph``; "none" also when the dataset has none) and its size."""
+        graph = self.setup.federation.client_graph
+        if graph is None:
+            return {"source": "none", "edges": 0}
+        return {"source": self.config.dataset.graph, "edges": int(torch.count_nonzero(graph)) // 2}
+
     def _summary(self, history: list[dict[str, Any]], status: str,
                  novel_adapted: tuple[float | None, float | None]) -> dict[str, Any]:
         cfg, fed = self.config, self.setup.federation
@@ -495,6 +520,8 @@ class Simulator:
                                                              for a in self.setup.family.assignment), strict=True))}
                if self.setup.family is not None else {}),
             "novel_adapted_mean": novel_adapted[0], "novel_adapted_std": novel_adapted[1],
+            # no novel score: the method has no model for a client that never trained (None: it has one)
+            "novel_none_reason": type(self.setup.method).no_novel_model if len(fed.novel_client_ids) else None,
             "attack": self.setup.clients.attack.describe(fed.client_names),
             **{key: best.get(key) for key in ROBUSTNESS_FIELDS},
             "defense": cfg.defense.model_dump(mode="json"),
@@ -502,6 +529,8 @@ class Simulator:
             "rounds": last.get("round", 0), "num_clients": fed.num_clients,
             "clients_per_round": self.clients_per_round,
             "num_novel_clients": len(fed.novel_client_ids), "num_params": self.setup.spec.dim,
+            "novel_clients": [fed.client_names[int(i)] for i in fed.novel_client_ids],
+            "client_graph": self._graph_record(),
             "wall_seconds": round(self.tracker.elapsed, 3),
             "bytes_up": self.tracker.bytes_up, "bytes_down": self.tracker.bytes_down,
             "peak_rss_mb": peak_rss_mb(), "torch_threads": cfg.torch_threads,

@@ -1,0 +1,134 @@
+"""What a practitioner's federation needs: one novel-client protocol for every method, mixing only trained models,
+novel clients chosen by name, the client graph as a choice, tables that name their metric."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import read_rounds
+from graphfed.config import ConfigError, load_config
+from graphfed.data import build_federation
+from graphfed.data.datasets.folder import write_example_federation
+from graphfed.methods import METHODS
+from graphfed.methods.aggregation import PersonalizedAggregation
+from graphfed.sim.engine import build_setup, run_config
+
+FLN = ["dataset.name=fln", "dataset.num_clients=12", "model.options={hidden: 8}", "train.local_steps=5",
+       "train.batch_size=16", "train.clients_per_round=4", "train.eval_every=2", "train.rounds=6",
+       "train.novel_adapt_rounds=0"]
+AGGREGATION_FAMILY = sorted(name for name, cls in METHODS.items() if issubclass(cls, PersonalizedAggregation))
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    return write_example_federation(tmp_path / "fed", num_clients=8)
+
+
+# ---- one novel-client protocol ------------------------------------------------------------------------------------
+
+def test_fedavg_ft_scores_novel_clients_as_fedavg_does(tmp_path: Path) -> None:
+    """No fine-tuning for a client that never trained: FedAvg-FT's novel clients evaluate the global model they
+    receive, exactly FedAvg's, at every evaluated round (its own clients fine-tune, so its test scores differ)."""
+    base = [*FLN, "dataset.novel_fraction=0.25"]
+    run_config(load_config(None, [*base, "method.name=fedavg"]), tmp_path / "fedavg", progress=False)
+    run_config(load_config(None, [*base, "method.name=fedavg-ft"]), tmp_path / "ft", progress=False)
+    plain, tuned = read_rounds(tmp_path / "fedavg"), read_rounds(tmp_path / "ft")
+    assert [r["novel_mean"] for r in plain] == [r["novel_mean"] for r in tuned]
+    assert [r["test_mean"] for r in plain] != [r["test_mean"] for r in tuned]
+
+
+def test_local_reports_no_novel_score_and_says_why() -> None:
+    summary = run_config(load_config(None, [*FLN, "dataset.novel_fraction=0.25", "method.name=local"]),
+                         progress=False)
+    assert summary["novel_mean"] is None and summary["num_novel_clients"] == 3
+    assert "never trained has no model" in summary["novel_none_reason"]
+    fedavg = run_config(load_config(None, [*FLN, "dataset.novel_fraction=0.25", "method.name=fedavg"]),
+                        progress=False)
+    assert fedavg["novel_mean"] is not None and fedavg["novel_none_reason"] is None
+
+
+@pytest.mark.parametrize("method", AGGREGATION_FAMILY)
+def test_aggregation_methods_give_never_trained_clients_no_weight(method: str) -> None:
+    """After a round in which 4 of 12 clients trained (3 more are novel), every mixing row, for trained, untrained
+    and novel clients alike, gives weight 0 to the clients that never trained, and each row still sums to 1."""
+    setup = build_setup(load_config(None, [*FLN, "dataset.novel_fraction=0.25", f"method.name={method}"]))
+    executor = setup.client_executor(0)
+    ids = setup.federation.train_client_ids[:4]
+    sent = setup.method.personalize(ids).detach()
+    result = executor.train(ids, sent, 0, "local_training")
+    setup.method.update(result.client_ids, sent, result.delta, result.metrics)
+    graph = setup.method.collaboration_graph()
+    untrained = torch.ones(12, dtype=torch.bool)
+    untrained[ids] = False
+    assert torch.equal(graph[..., untrained], torch.zeros_like(graph[..., untrained]))
+    assert torch.allclose(graph.sum(-1), torch.ones(graph.shape[:-1]), atol=1e-5)
+    # what a novel client receives is a mix of the trained models only
+    novel = setup.federation.novel_client_ids
+    weights = setup.method.eval_weights(novel)
+    trained_models = setup.method.client_weights[ids]
+    assert not torch.allclose(weights, setup.clients.init_weights.expand_as(weights))
+    assert torch.allclose(setup.method.personalize(novel).detach(), weights)
+    assert trained_models.shape[0] == 4
+
+
+# ---- novel clients chosen by name ---------------------------------------------------------------------------------
+
+def test_named_novel_clients_are_the_same_under_every_seed(folder: Path) -> None:
+    base = ["dataset.name=folder", f"dataset.data_dir={folder}", "dataset.novel_clients=[client3, client6]"]
+    for seed in (0, 1, 2):
+        fed = build_federation(load_config(None, [*base, f"seed={seed}"]).dataset, seed)
+        assert [fed.client_names[int(i)] for i in fed.novel_client_ids] == ["client3", "client6"]
+    with pytest.raises(ConfigError, match=r"dataset.novel_clients: \['clientX'\] are not clients of"):
+        build_federation(load_config(None, ["dataset.name=folder", f"dataset.data_dir={folder}",
+                                            "dataset.novel_clients=[clientX]"]).dataset, 0)
+    with pytest.raises(ConfigError, match=r"dataset.novel_clients and dataset.novel_fraction both"):
+        load_config(None, [*base, "dataset.novel_fraction=0.2"])
+    digits = build_federation(load_config(None, ["dataset.name=digits", "dataset.num_clients=5",
+                                                 "dataset.novel_clients=['4']"]).dataset, 0)
+    assert digits.novel_client_ids.tolist() == [4]
+
+
+def test_a_run_names_its_novel_clients_and_warns_a_small_federation(folder: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    base = ["dataset.name=folder", f"dataset.data_dir={folder}", "method.name=fedavg", "train.rounds=2",
+            "train.eval_every=1", "train.local_steps=2", "train.clients_per_round=2"]
+    with caplog.at_level(logging.INFO, logger="graphfed"):
+        summary = run_config(load_config(None, [*base, "dataset.novel_fraction=0.2"]), progress=False)
+    novel = summary["novel_clients"]
+    assert len(novel) == 2
+    assert f"novel clients (held out of training): {', '.join(novel)}" in caplog.text
+    assert "holds out 2 of only 8 clients" in caplog.text and "dataset.novel_clients" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="graphfed"):
+        run_config(load_config(None, [*base, "dataset.novel_clients=[client1]"]), progress=False)
+    assert "novel clients (held out of training): client1" in caplog.text
+    assert "holds out" not in caplog.text
+
+
+# ---- the graph as a choice -----------------------------------------------------------------------------------------
+
+def test_the_client_graph_is_one_setting(folder: Path) -> None:
+    """A folder's graph.csv is used by default; dataset.graph=none drops it (Panacea then infers one from updates);
+    dataset.graph=knn links each client to its k most similar by data; the summary records which."""
+    base = ["dataset.name=folder", f"dataset.data_dir={folder}", "method.name=panacea", "train.rounds=2",
+            "train.eval_every=1", "train.local_steps=2", "train.clients_per_round=2",
+            "method.options={embedding_dim: 4, gnn_hidden: 8, hypernet_hidden: 8, server_steps: 1}"]
+    given = run_config(load_config(None, base), progress=False)
+    assert given["client_graph"] == {"source": "given", "edges": 7}  # two chains of 4 and one bridge
+    dropped = run_config(load_config(None, [*base, "dataset.graph=none"]), progress=False)
+    assert dropped["client_graph"] == {"source": "none", "edges": 0}
+    assert any("inferring one" in note for note in dropped["notes"])
+    knn = build_federation(load_config(None, [*base, "dataset.graph=knn", "dataset.graph_k=2"]).dataset, 0)
+    assert knn.client_graph is not None and torch.equal(knn.client_graph, knn.client_graph.T)
+    assert bool((knn.client_graph.sum(1) >= 2).all())
+    # clients of the same label-skew group (even / odd ids) are each other's nearest by data
+    same_group = sum(float(knn.client_graph[i, j]) for i in range(8) for j in range(8) if (i - j) % 2 == 0)
+    assert same_group / float(knn.client_graph.sum()) > 0.75
+    summary = run_config(load_config(None, [*base, "dataset.graph=knn", "dataset.graph_k=2"]), progress=False)
+    assert summary["client_graph"]["source"] == "knn"
+    assert json.loads(json.dumps(summary))["client_graph"]["edges"] == int(knn.client_graph.sum()) // 2
