@@ -132,3 +132,65 @@ def test_the_client_graph_is_one_setting(folder: Path) -> None:
     summary = run_config(load_config(None, [*base, "dataset.graph=knn", "dataset.graph_k=2"]), progress=False)
     assert summary["client_graph"]["source"] == "knn"
     assert json.loads(json.dumps(summary))["client_graph"]["edges"] == int(knn.client_graph.sum()) // 2
+
+
+# ---- reading results ----------------------------------------------------------------------------------------------
+
+def test_compare_names_the_metric_and_prints_full_values_without_a_terminal(folder: Path, tmp_path: Path) -> None:
+    """A regression folder: compare.md and the printed table say MSE and that lower is better; the title is the
+    folder's own name (meta.yaml); piped output (no terminal) is never cut to 80 columns."""
+    from typer.testing import CliRunner
+
+    from graphfed import cli
+    from graphfed.data.datasets.folder import write_federation
+
+    rng = torch.Generator().manual_seed(0)
+    clients = {f"station{i}": {split: (torch.randn(rows, 3, generator=rng).numpy(),
+                                       (100 + torch.randn(rows, 1, generator=rng)).numpy())
+                               for split, rows in (("train", 30), ("val", 10), ("test", 10))} for i in range(4)}
+    air = write_federation(tmp_path / "air", clients, meta={"name": "city-air", "task": "regression"})
+    config = tmp_path / "air.yaml"
+    config.write_text(f"dataset: {{name: folder, data_dir: '{air}'}}\nmodel: {{options: {{hidden: 4}}}}\n"
+                      "train: {rounds: 2, eval_every: 1, local_steps: 2, clients_per_round: 4}\n")
+    result = CliRunner().invoke(cli.app, ["compare", str(config), "--methods", "fedavg,local", "--out",
+                                          str(tmp_path / "cmp"), "--no-progress"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert "city-air: personalised MSE ↓" in result.stdout and "folder:" not in result.stdout
+    assert "…" not in result.stdout  # full values: nothing cut to fit 80 columns
+    markdown = (tmp_path / "cmp" / "compare.md").read_text()
+    assert markdown.startswith("Metric: MSE (lower is better)")
+    assert "| method | test MSE ↓ (mean ± std over seeds) |" in markdown
+    summaries = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert f"{summaries['fedavg'][0]['test_mean']:.3e}" in result.stdout
+
+
+def test_accuracy_tables_say_percent_and_higher_is_better() -> None:
+    from graphfed.report.tables import headers, metric_label, metric_note
+
+    assert metric_label("accuracy") == "accuracy % ↑" and metric_label("mse") == "MSE ↓"
+    assert headers("accuracy")[1] == "test accuracy % ↑ (mean ± std over seeds)"
+    assert "higher is better" in metric_note("accuracy") and "fraction" in metric_note("accuracy")
+
+
+def test_collaboration_heatmaps_label_clients_by_name_and_mark_novel_ones(folder: Path, tmp_path: Path) -> None:
+    from graphfed.report.plots import plot_graphs
+    from graphfed.sim.checkpoint import load_graph_clients
+
+    out = tmp_path / "run"
+    run_config(load_config(None, ["dataset.name=folder", f"dataset.data_dir={folder}", "method.name=fedaghn",
+                                  "dataset.novel_clients=[client5]", "train.rounds=2", "train.eval_every=1",
+                                  "train.local_steps=2", "train.clients_per_round=3"]), out, progress=False)
+    names, novel = load_graph_clients(out)
+    assert names == [f"client{i}" for i in range(8)] and novel.tolist() == [i == 5 for i in range(8)]
+    assert all(path.is_file() for path in plot_graphs(out))
+    import matplotlib.pyplot as plt
+
+    from graphfed.report.plots import _client_axes
+
+    figure, axis = plt.subplots()
+    axis.imshow(torch.rand(8, 8).numpy())
+    _client_axes(axis, 8, (names, novel))
+    labels = axis.get_xticklabels()
+    assert [label.get_text() for label in labels] == [f"client{i}" + ("*" if i == 5 else "") for i in range(8)]
+    assert [label.get_color() for label in labels].count("tab:red") == 1
+    plt.close(figure)

@@ -21,6 +21,14 @@ from graphfed.config import ConfigError, RunConfig, load_config, printable, vali
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="graphfed: graph-relational personalised federated learning.")
 console = Console()
+#: width tables are laid out in when stdout is not a terminal (a pipe, a file, CI): wide enough that no number is
+#: ever cut to "8.206e…"; a terminal keeps its own width
+PIPE_WIDTH = 1000
+
+
+def show(table: Table) -> None:
+    """Print a table: in a terminal, at its width; elsewhere, every value in full."""
+    console.print(table, width=None if console.is_terminal else PIPE_WIDTH)
 EXIT_CONFIG = 2  # invalid config, unknown method/dataset/model, bad --set
 EXIT_RUN = 3  # the run stopped (non-finite update, unusable checkpoint)
 EXIT_INTERRUPTED = 130
@@ -114,8 +122,11 @@ def _print_summary(summary: dict[str, Any]) -> None:
     metric = summary["metric"]
     table = Table(title=f"{summary['method']} on {summary['dataset']} (best validation round "
                         f"{summary['best_round']} of {summary['rounds']})")
-    for header in ("test mean ± std over clients", "pooled", "novel", "novel (adapted)", "wall s"):
-        table.add_column(header)
+    from graphfed.report.tables import metric_label
+
+    for header in (f"test {metric_label(metric)} (mean ± std over clients)", "pooled", "novel", "novel (adapted)",
+                   "wall s"):
+        table.add_column(header, overflow="fold")
     pooled = summary["test_pooled"]
     table.add_row(format_value((summary["test_mean"], summary["test_std"]), metric),
                   format_value((pooled, 0.0), metric).split(" ±")[0],
@@ -124,7 +135,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
                   format_value(None if summary["novel_adapted_mean"] is None
                                else (summary["novel_adapted_mean"], summary["novel_adapted_std"]), metric),
                   f"{summary['wall_seconds']:.1f}")
-    console.print(table)
+    show(table)
     attack = summary.get("attack") or {}
     if attack.get("malicious_clients") or summary.get("asr_mean") is not None:
         robustness = Table(title=f"under attack: {attack.get('kind')}, {len(attack.get('malicious_clients', []))} "
@@ -137,7 +148,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
             "—" if malicious is None else format_value((malicious, 0.0), metric).split(" ±")[0],
             *("—" if summary.get(key) is None else f"{100 * summary[key]:.2f} %" for key in ("asr_honest",
                                                                                            "asr_malicious")))
-        console.print(robustness)
+        show(robustness)
 
 
 @app.command()
@@ -149,7 +160,7 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
             progress: bool = True, verbose: bool = False) -> None:
     """Run several methods over several seeds; print one table of mean ± std over seeds."""
     from graphfed.report.plots import plot_comparison
-    from graphfed.report.tables import HEADERS, compare_rows, markdown_table, row_cells
+    from graphfed.report.tables import compare_rows, headers, markdown_table, metric_label, row_cells
     from graphfed.sim.checkpoint import RoundLog, atomic_write_text
 
     _setup_logging(verbose)
@@ -175,17 +186,18 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
         summaries[name] = [_run_one(cfg, out / name / f"seed{cfg.seed}", False, progress) for cfg in runs]
     rows = compare_rows(summaries)
     metric = rows[0]["metric"]
-    table = Table(title=f"{base.dataset.name}: personalised {metric}, {seeds} seed(s)")
-    for header in HEADERS:
-        table.add_column(header)
+    dataset = next(iter(summaries.values()))[0]["dataset"]  # a folder's own name (meta.yaml), not "folder"
+    table = Table(title=f"{dataset}: personalised {metric_label(metric)}, {seeds} seed(s)")
+    for header in headers(metric):
+        table.add_column(header, overflow="fold")
     for row in rows:
         table.add_row(*row_cells(row))
-    console.print(table)
+    show(table)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "compare.md", markdown_table(rows))
     atomic_write_text(out / "compare.json", json.dumps(summaries, indent=2) + "\n")
     histories = {name: RoundLog(out / name / f"seed{base.seed}").read() for name in names}
-    plot_comparison(histories, out / "compare.png", metric, title=base.dataset.name)
+    plot_comparison(histories, out / "compare.png", metric, title=dataset)
     console.print(f"table: {out / 'compare.md'}, curves: {out / 'compare.png'}")
 
 
@@ -348,7 +360,7 @@ def arch_graph_command(
         cells = (graph.kernels[i], graph.strides[i], graph.widths[i])
         table.add_row(str(i), graph.names[i], graph.kinds[i], *("" if c is None else str(c) for c in cells),
                       ", ".join(str(s) for s in incoming.get(i, [])))
-    console.print(table)
+    show(table)
     if draw is not None:
         from graphfed.report.plots import plot_arch_graph
 
@@ -366,7 +378,7 @@ def list_components(options: Annotated[bool, typer.Option("--options", help="als
     for name, entry in known["methods"].items():
         defaults = ", ".join(f"{option}={default}" for option, default, _ in entry["options"])
         methods.add_row(name, entry["summary"] + (f"\n[dim]options: {defaults}[/dim]" if defaults else ""))
-    console.print(methods)
+    show(methods)
     if options:
         for name, entry in known["methods"].items():
             _print_options(name, entry["options"])
@@ -374,7 +386,7 @@ def list_components(options: Annotated[bool, typer.Option("--options", help="als
         table = Table(title=title, show_header=False)
         for name, text in known[title].items():
             table.add_row(name, text)
-        console.print(table)
+        show(table)
     from graphfed.config import AttackConfig, DefenseConfig  # pydantic only: no torch
 
     for section, model, what in (("attack", AttackConfig, "malicious clients"),
@@ -386,7 +398,7 @@ def list_components(options: Annotated[bool, typer.Option("--options", help="als
             choices = getattr(info.annotation, "__args__", None) if field == "kind" else None
             meaning = info.description or ("one of " + ", ".join(choices) if choices else "")
             table.add_row(f"{section}.{field}", "—" if info.default is None else repr(info.default), meaning)
-        console.print(table)
+        show(table)
 
 
 def _print_options(method: str, rows: list[list[str]]) -> None:
@@ -397,7 +409,7 @@ def _print_options(method: str, rows: list[list[str]]) -> None:
         table.add_row(*row)
     if not table.row_count:
         table.add_row("(none)", "", "")
-    console.print(table)
+    show(table)
 
 
 @app.command()

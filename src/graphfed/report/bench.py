@@ -50,7 +50,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from graphfed.config import ConfigError, RunConfig, dump_config, load_config, read_yaml_mapping, validate_config
 from graphfed.methods import parse_options
 from graphfed.report.plots import plot_comparison
-from graphfed.report.tables import compare_rows, row_cells
+from graphfed.report.tables import compare_rows, metric_note, row_cells
+from graphfed.report.tables import headers as table_headers
 from graphfed.sim import checkpoint as io
 
 
@@ -301,8 +302,7 @@ def run_cells(cells: list[Cell], out: Path, in_process: bool = False, data_dir: 
 
 # ---- the report ----------------------------------------------------------------------------------------
 NOT_RUN = "not run"
-REPORT_HEADERS = ["method", "test (mean ± std over seeds)", "std over clients", "pooled", "novel",
-                  "novel (adapted)", "wall s", "MB up", "peak RSS MiB"]
+EXTRA_HEADERS = ["peak RSS MiB"]  # after the comparison table's own columns
 
 PROTOCOL = (
     "Each run is scored at its best-validation round (evaluated every `train.eval_every` rounds); a run's score "
@@ -336,7 +336,7 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
     with_mae = any(row["mae_original_units"] for row in rows)  # regression with a known target scale
     config = own[0].config
     train = config.train
-    headers = [*REPORT_HEADERS, *(["MAE, data units"] if with_mae else []),
+    headers = [*table_headers(config_metric(rows)), *EXTRA_HEADERS, *(["MAE, data units"] if with_mae else []),
                *(reference.label for reference in entry.paper)]
     lines = [f"## {entry.title or key}", ""]
     if entry.description:
@@ -346,7 +346,7 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
               f"{json.dumps(config.model.options) if config.model.options else ''}; {train.rounds} rounds, "
               f"{train.clients_per_round} clients per round, {train.local_steps} local steps of batch "
               f"{train.batch_size} at lr {train.lr}; evaluation every {train.eval_every} rounds; seeds "
-              f"{', '.join(map(str, seeds))}.", ""]
+              f"{', '.join(map(str, seeds))}. {metric_note(config_metric(rows))}", ""]
     lines += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for row in rows:
         rss = "—" if row["peak_rss_mb"] is None else f"{row['peak_rss_mb']:.0f}"

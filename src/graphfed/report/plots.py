@@ -11,17 +11,47 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt
 
 
+def shown(value: float | None, metric: str) -> float:
+    """A metric value as tables and plots show it: accuracy in %, anything else as is; None as NaN (a gap)."""
+    if value is None:
+        return float("nan")
+    return 100 * value if metric == "accuracy" else value
+
+
+def _metric_axis(ax: Any, metric: str, values: list[float], what: str) -> None:
+    """Name the metric, its unit and direction; MSE on a log scale, accuracy with its lower limit set by the bulk
+    of the points, so one method's first rounds cannot squash the rest of the figure."""
+    from graphfed.report.tables import metric_label
+
+    ax.set_ylabel(f"{what} {metric_label(metric)}")
+    finite = [v for v in values if v == v and abs(v) != float("inf")]
+    if not finite:
+        return
+    if metric != "accuracy":
+        if min(finite) > 0:
+            ax.set_yscale("log")
+        return
+    ordered = sorted(finite)
+    low = ordered[int(0.05 * (len(ordered) - 1))]  # 5th percentile
+    high = max(finite)
+    margin = max(0.05 * (high - low), 0.5)
+    ax.set_ylim(max(0.0, low - margin), min(100.0, high + margin))
+
+
 def plot_curves(history: list[dict[str, Any]], path: Path, metric: str, title: str = "") -> None:
     """Validation/test/novel metric and training loss against rounds."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, (ax_metric, ax_loss) = plt.subplots(1, 2, figsize=(10, 3.8))
     rounds = [r["round"] for r in history]
+    plotted: list[float] = []
     for key, label in (("val_mean", "validation"), ("test_mean", "test"), ("novel_mean", "novel clients")):
         values = [r.get(key) for r in history]
         if any(v is not None for v in values):
-            ax_metric.plot(rounds, [float("nan") if v is None else v for v in values], label=label)
+            points = [shown(v, metric) for v in values]
+            plotted += points
+            ax_metric.plot(rounds, points, label=label)
     ax_metric.set_xlabel("round")
-    ax_metric.set_ylabel(f"{metric} (mean over clients)")
+    _metric_axis(ax_metric, metric, plotted, "mean over clients,")
     ax_metric.legend()
     ax_metric.grid(alpha=0.3)
     ax_loss.plot(rounds, [r.get("train_loss", float("nan")) for r in history], color="tab:red")
@@ -40,10 +70,13 @@ def plot_comparison(histories: dict[str, list[dict[str, Any]]], path: Path, metr
     """Test metric against rounds, one line per method (first seed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(6, 4))
+    plotted: list[float] = []
     for name, history in histories.items():
-        ax.plot([r["round"] for r in history], [r["test_mean"] for r in history], label=name)
+        points = [shown(r["test_mean"], metric) for r in history]
+        plotted += points
+        ax.plot([r["round"] for r in history], points, label=name)
     ax.set_xlabel("round")
-    ax.set_ylabel(f"test {metric} (mean over clients)")
+    _metric_axis(ax, metric, plotted, "test,")
     ax.grid(alpha=0.3)
     ax.legend()
     ax.set_title(title)
@@ -59,7 +92,7 @@ def plot_graphs(run_dir: Path, out_dir: Path | None = None, max_rounds: int = 6)
     ``graphs_over_rounds.png`` (the layer-mean graph at up to ``max_rounds`` rounds spread over the run).
     Row i holds the weights client i gives every client, as in FedAGHN Fig. 4-5 and pFedGAT Fig. 3.
     """
-    from graphfed.sim.checkpoint import load_graphs
+    from graphfed.sim.checkpoint import load_graph_clients, load_graphs
 
     saved = load_graphs(run_dir)
     if not saved:
@@ -68,19 +101,44 @@ def plot_graphs(run_dir: Path, out_dir: Path | None = None, max_rounds: int = 6)
     out_dir = out_dir or run_dir / "plots"
     out_dir.mkdir(parents=True, exist_ok=True)
     last_round, layers, matrices = saved[-1]
+    clients = load_graph_clients(run_dir)
     paths = [_heatmap_grid([(name, matrices[i]) for i, name in enumerate(layers)],
-                           f"collaboration graph per layer, round {last_round}", out_dir / "graphs_layers.png")]
+                           f"collaboration graph per layer, round {last_round}", out_dir / "graphs_layers.png",
+                           clients)]
     step = max(1, len(saved) // max_rounds)
     picked = saved[::step][-max_rounds:]
     if picked[-1][0] != last_round:
         picked = [*picked[1:], saved[-1]]
     over_rounds = [(f"round {r}", m.mean(0)) for r, _, m in picked]
     paths.append(_heatmap_grid(over_rounds, "collaboration graph (mean over layers) over rounds",
-                               out_dir / "graphs_over_rounds.png"))
+                               out_dir / "graphs_over_rounds.png", clients))
     return paths
 
 
-def _heatmap_grid(panels: list[tuple[str, Any]], title: str, path: Path) -> Path:
+#: clients labelled by name on a heatmap's axes up to this many (beyond, integer positions only)
+NAMED_TICKS = 40
+
+
+def _client_axes(ax: Any, count: int, clients: tuple[list[str], Any] | None) -> None:
+    """Integer ticks; with the clients' names (novel ones marked * in red) when there are few enough."""
+    from matplotlib.ticker import MaxNLocator
+
+    if clients is None or count > NAMED_TICKS or len(clients[0]) != count:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        return
+    names, novel = clients
+    labels = [f"{name}*" if is_novel else name for name, is_novel in zip(names, novel, strict=True)]
+    for axis, rotate in ((ax.xaxis, 90), (ax.yaxis, 0)):
+        axis.set_ticks(range(count))
+        axis.set_ticklabels(labels, fontsize=6, rotation=rotate)
+        for label, is_novel in zip(axis.get_ticklabels(), novel, strict=True):
+            if is_novel:
+                label.set_color("tab:red")
+
+
+def _heatmap_grid(panels: list[tuple[str, Any]], title: str, path: Path,
+                  clients: tuple[list[str], Any] | None = None) -> Path:
     columns = min(4, len(panels))
     rows = (len(panels) + columns - 1) // columns
     fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 3.0 * rows), squeeze=False, layout="constrained")
@@ -89,13 +147,15 @@ def _heatmap_grid(panels: list[tuple[str, Any]], title: str, path: Path) -> Path
     for ax, (name, matrix) in zip(axes.flat, panels, strict=False):
         image = ax.imshow(matrix, cmap="viridis", vmin=0.0, vmax=vmax)
         ax.set_title(name, fontsize=9)
-        ax.set_xlabel("client j", fontsize=8)
+        ax.set_xlabel("client j (its weight in row i)", fontsize=8)
         ax.set_ylabel("client i", fontsize=8)
+        _client_axes(ax, matrix.shape[-1], clients)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     if image is not None:
         fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="weight")
-    fig.suptitle(title)
+    novel_note = "; * novel client (never trained)" if clients is not None and clients[1].any() else ""
+    fig.suptitle(title + novel_note)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -14,6 +14,19 @@ def _mean_std(values: Sequence[float | None]) -> tuple[float, float] | None:
     return statistics.fmean(present), statistics.pstdev(present) if len(present) > 1 else 0.0
 
 
+def metric_label(metric: str) -> str:
+    """The metric as every table and plot names it, with its unit and direction: accuracy is shown in % (summary.json
+    keeps fractions), MSE as is."""
+    return "accuracy % ↑" if metric == "accuracy" else f"{metric.upper()} ↓"
+
+
+def metric_note(metric: str) -> str:
+    """One sentence saying what the numbers of a table are."""
+    if metric == "accuracy":
+        return "Metric: accuracy in % (higher is better; summary.json stores it as a fraction)."
+    return f"Metric: {metric.upper()} (lower is better), in the units summary.json stores."
+
+
 def format_value(stats: tuple[float, float] | None, metric: str) -> str:
     if stats is None:
         return "—"
@@ -44,8 +57,10 @@ def compare_rows(summaries: dict[str, list[dict[str, Any]]]) -> list[dict[str, A
     return rows
 
 
-HEADERS = ["method", "test (mean ± std over seeds)", "std over clients", "pooled", "novel",
-           "novel (adapted)", "wall s", "MB up"]
+def headers(metric: str) -> list[str]:
+    """The comparison table's columns, the metric named in the first number column."""
+    return ["method", f"test {metric_label(metric)} (mean ± std over seeds)", "std over clients", "pooled", "novel",
+            "novel (adapted)", "wall s", "MB up"]
 
 
 def row_cells(row: dict[str, Any]) -> list[str]:
@@ -59,6 +74,8 @@ def row_cells(row: dict[str, Any]) -> list[str]:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    metric = rows[0]["metric"] if rows else "accuracy"
+    columns = headers(metric)
+    lines = [metric_note(metric), "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(row_cells(row)) + " |" for row in rows]
     return "\n".join(lines) + "\n"

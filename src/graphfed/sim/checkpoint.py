@@ -144,18 +144,23 @@ GRAPHS_DIR = "graphs"
 
 
 def save_graphs(out_dir: Path, completed_rounds: int, graphs: torch.Tensor, layer_names: list[str],
-                clients: torch.Tensor | None = None) -> Path:
+                clients: torch.Tensor | None = None, client_names: list[str] | None = None,
+                novel: torch.Tensor | None = None) -> Path:
     """``graphs/round_XXXX.npz``: the method's collaboration graph(s) after ``completed_rounds`` rounds.
 
     ``matrices`` is ``[L, N, N]`` (one per layer; L = 1 for a single client graph), ``layers`` their names.
     With ``clients`` (large federations), only those clients' rows are saved: ``matrices`` is ``[L, R, N]`` and
-    ``clients [R]`` says whose rows they are.
+    ``clients [R]`` says whose rows they are. ``client_names [N]`` and the ``novel [N]`` mask label the plots.
     """
     matrices = graphs.detach().cpu().numpy()
     if matrices.ndim == 2:
         matrices = matrices[None]
     buffer = io.BytesIO()
     extra = {} if clients is None else {"clients": clients.numpy()}
+    if client_names is not None:
+        extra["client_names"] = np.array(client_names, dtype=str)
+    if novel is not None:
+        extra["novel"] = novel.numpy()
     np.savez_compressed(buffer, matrices=matrices, layers=np.array(layer_names), round=completed_rounds, **extra)
     path = out_dir / GRAPHS_DIR / f"round_{completed_rounds:04d}.npz"
     atomic_write_bytes(path, buffer.getvalue())
@@ -176,6 +181,24 @@ def load_graphs(run_dir: Path) -> list[tuple[int, list[str], np.ndarray]]:
         except (OSError, ValueError, KeyError) as err:
             raise ValueError(f"{path}: not a readable graph file ({err})") from None
     return found
+
+
+def load_graph_clients(run_dir: Path) -> tuple[list[str], np.ndarray] | None:
+    """The names and novel mask of the clients in a run's last saved graph (as :func:`load_graphs` orders them),
+    or None for graphs saved without them."""
+    paths = sorted((run_dir / GRAPHS_DIR).glob("round_*.npz"))
+    if not paths:
+        return None
+    try:
+        with np.load(paths[-1], allow_pickle=False) as data:
+            if "client_names" not in data or "novel" not in data:
+                return None
+            names, novel = data["client_names"], data["novel"].astype(bool)
+            if "clients" in data:
+                names, novel = names[data["clients"]], novel[data["clients"]]
+            return [str(name) for name in names], novel
+    except (OSError, ValueError, KeyError) as err:
+        raise ValueError(f"{paths[-1]}: not a readable graph file ({err})") from None
 
 
 def finite_or_none(value: Any) -> Any:

@@ -355,7 +355,8 @@ class Simulator:
         if graphs is None:
             return
         names = list(self.setup.spec.layers) if graphs.ndim == 3 else ["client graph"]
-        io.save_graphs(self.out_dir, completed_rounds, graphs, names, rows)
+        fed = self.setup.federation
+        io.save_graphs(self.out_dir, completed_rounds, graphs, names, rows, fed.client_names, fed.novel_mask)
 
     def graph_rows(self) -> torch.Tensor | None:
         """Whose rows of the collaboration graph are saved: every client's up to ``GRAPH_ROWS`` clients; above,
