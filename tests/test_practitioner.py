@@ -194,3 +194,25 @@ def test_collaboration_heatmaps_label_clients_by_name_and_mark_novel_ones(folder
     assert [label.get_text() for label in labels] == [f"client{i}" + ("*" if i == 5 else "") for i in range(8)]
     assert [label.get_color() for label in labels].count("tab:red") == 1
     plt.close(figure)
+
+
+def test_inspect_reports_size_imbalance_and_warns_about_a_dominant_client(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from graphfed import cli
+    from graphfed.data.datasets.folder import write_federation
+    from graphfed.data.summary import size_stats
+
+    rng = torch.Generator().manual_seed(0)
+    sizes = {"metro-a": 20, "metro-b": 22, "metro-c": 24, "hub": 600}
+    clients = {name: {split: (torch.randn(rows, 2, generator=rng).numpy(), torch.randint(0, 2, (rows,)).numpy())
+                      for split in ("train", "val", "test")} for name, rows in sizes.items()}
+    root = write_federation(tmp_path / "metro", clients, meta={"name": "metro"})
+    result = CliRunner().invoke(cli.app, ["inspect", str(root)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "20 / 23 / 600 (largest: hub, 90% of all rows, 26.1x the median)" in text
+    assert "warning: client hub holds 600 training rows (90% of all" in text
+    assert "metro-a holds" not in text
+    stats = size_stats(torch.tensor([20, 22, 24, 600]), list(sizes))
+    assert [name for name, _, _ in stats.dominant] == ["hub"]

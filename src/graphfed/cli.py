@@ -21,14 +21,13 @@ from graphfed.config import ConfigError, RunConfig, load_config, printable, vali
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="graphfed: graph-relational personalised federated learning.")
 console = Console()
-#: width tables are laid out in when stdout is not a terminal (a pipe, a file, CI): wide enough that no number is
-#: ever cut to "8.206e…"; a terminal keeps its own width
-PIPE_WIDTH = 1000
 
 
 def show(table: Table) -> None:
     """Print a table: in a terminal, at its width; elsewhere, every value in full."""
-    console.print(table, width=None if console.is_terminal else PIPE_WIDTH)
+    from graphfed.report.tables import print_table
+
+    print_table(console, table)
 EXIT_CONFIG = 2  # invalid config, unknown method/dataset/model, bad --set
 EXIT_RUN = 3  # the run stopped (non-finite update, unusable checkpoint)
 EXIT_INTERRUPTED = 130

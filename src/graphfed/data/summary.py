@@ -16,6 +16,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
 from graphfed.data.federation import Federation
+from graphfed.report.tables import print_table
 
 _TOP_CLASSES = 4  # a per-client label histogram shows this many classes before "+k more"
 _LISTED = 8  # isolated clients named before "..."
@@ -56,6 +57,38 @@ def graph_stats(adjacency: torch.Tensor | np.ndarray, names: Sequence[str]) -> G
         weight_max=float(weights.max()) if len(weights) else 0.0)
 
 
+#: a client holding more than this share of all training rows gets a warning
+DOMINANT_SHARE = 0.25
+#: ... or more than this many times the median client's rows
+DOMINANT_RATIO = 10.0
+
+
+@dataclass(frozen=True)
+class SizeStats:
+    """How unequal the clients' training splits are."""
+
+    rows_min: int
+    rows_median: float
+    rows_max: int
+    largest: str  # the client with the most training rows
+    largest_share: float  # its share of all training rows
+    max_over_median: float
+    dominant: list[tuple[str, int, float]]  # (client, rows, share) of clients past DOMINANT_SHARE or DOMINANT_RATIO
+
+
+def size_stats(counts: torch.Tensor, names: Sequence[str]) -> SizeStats:
+    """Imbalance of per-client training row ``counts``."""
+    rows = counts.to(torch.float64)
+    total, median = float(rows.sum()), float(np.median(rows.numpy())) if len(rows) else 0.0
+    largest = int(rows.argmax()) if len(rows) else 0
+    shares = rows / max(total, 1.0)
+    dominant = [(names[i], int(rows[i]), float(shares[i])) for i in range(len(rows))
+                if shares[i] > DOMINANT_SHARE or (median > 0 and rows[i] > DOMINANT_RATIO * median)]
+    return SizeStats(int(rows.min()) if len(rows) else 0, median, int(rows.max()) if len(rows) else 0,
+                     names[largest] if len(rows) else "-", float(shares[largest]) if len(rows) else 0.0,
+                     float(rows.max()) / median if median > 0 else float("inf"), dominant)
+
+
 def label_histogram(labels: np.ndarray, num_classes: int, top: int = _TOP_CLASSES) -> str:
     """Compact ``class:count`` list, e.g. ``0:12 1:30 2:5``; with many classes the ``top`` most frequent
     (``7:40 3:22 1:10 0:5 +6 more``), so a 62-class client still fits one table cell."""
@@ -91,7 +124,15 @@ def render_federation(fed: Federation, console: Console, max_clients: int = 50) 
     overview.add_row("classes" if fed.task == "classification" else "target size", str(fed.output_dim))
     overview.add_row("samples train / val / test",
                      " / ".join(str(int(c.sum())) for c in counts.values()))
-    console.print(overview)
+    sizes = size_stats(counts["train"], fed.client_names)
+    overview.add_row("train rows per client min / median / max",
+                     f"{sizes.rows_min} / {sizes.rows_median:g} / {sizes.rows_max} (largest: {sizes.largest}, "
+                     f"{sizes.largest_share:.0%} of all rows, {sizes.max_over_median:.1f}x the median)")
+    print_table(console, overview)
+    for name, rows, share in sizes.dominant:
+        console.print(f"[yellow]warning:[/yellow] client {name} holds {rows} training rows ({share:.0%} of all, "
+                      f"{rows / max(sizes.rows_median, 1):.0f}x the median client): it dominates every sample-weighted "
+                      f"average (FedAvg and its family) and its evaluation takes the most time and memory")
 
     target_header = "labels (all splits)" if fed.task == "classification" else "target mean ± std"
     clients = Table(title="clients")
@@ -109,7 +150,7 @@ def render_federation(fed: Federation, console: Console, max_clients: int = 50) 
     clients.add_section()
     clients.add_row("total", *(str(int(c.sum())) for c in counts.values()),
                     _target_cell(fed, np.concatenate(everything)))
-    console.print(clients)
+    print_table(console, clients)
 
     if fed.client_graph is None:
         console.print("client graph: none given (methods that need one infer it from the clients' updates)")
@@ -124,4 +165,4 @@ def render_federation(fed: Federation, console: Console, max_clients: int = 50) 
     graph.add_row("degree min / mean / max", f"{stats.degree_min} / {stats.degree_mean:.2f} / {stats.degree_max}")
     if stats.edges and (stats.weight_min != 1.0 or stats.weight_max != 1.0):
         graph.add_row("edge weight min / max", f"{stats.weight_min:.4g} / {stats.weight_max:.4g}")
-    console.print(graph)
+    print_table(console, graph)

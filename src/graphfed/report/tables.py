@@ -14,6 +14,22 @@ def _mean_std(values: Sequence[float | None]) -> tuple[float, float] | None:
     return statistics.fmean(present), statistics.pstdev(present) if len(present) > 1 else 0.0
 
 
+#: width tables are laid out in when output is not a terminal (a pipe, a file, CI): wide enough that no value is
+#: ever cut to "8.206e…"; a terminal keeps its own width
+PIPE_WIDTH = 1000
+
+
+def print_table(console: Any, table: Any) -> None:
+    """Print a rich table: in a terminal, at its width; elsewhere, every value in full (rich would lay it out in
+    80 columns, folding or cutting cells)."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    from rich.console import Console
+
+    Console(file=console.file, width=PIPE_WIDTH).print(table)
+
+
 def metric_label(metric: str) -> str:
     """The metric as every table and plot names it, with its unit and direction: accuracy is shown in % (summary.json
     keeps fractions), MSE as is."""
