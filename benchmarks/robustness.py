@@ -130,9 +130,9 @@ def verdicts(methods: list[str]) -> list[str]:
             best_other.append(max((v for m, v in means.items() if m != "panacea" and v is not None), default=None))
         text = ", ".join(f"{r} %: {'—' if rank is None else f'#{rank}'}" for r, rank in zip(RATIOS[1:], ranks,
                                                                                           strict=True))
-        if not known:
-            verdict = "not run yet"
-        elif all(rank <= len(methods) // 2 for rank in known) and len(known) == len(ranks):
+        if len(known) < len(ranks):
+            verdict = f"not run yet ({len(known)} of {len(ranks)} ratios)"
+        elif all(rank <= len(methods) // 2 for rank in known):
             verdict = "holds" if all(rank <= 2 for rank in known) else "partly (upper half, not first)"
         else:
             verdict = "does not hold here"

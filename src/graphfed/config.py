@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -196,37 +197,24 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _names_exist(self) -> RunConfig:
-        # Imported here: the registries import this module.
-        from graphfed.data import DATASETS
-        from graphfed.methods import parse_options
-        from graphfed.models import MODELS
-
-        if self.dataset.name not in DATASETS:
-            allowed = ", ".join(sorted(DATASETS))
-            raise ValueError(f"dataset.name: unknown dataset '{self.dataset.name}'; allowed: {allowed}")
-        if self.model.name not in MODELS:
-            raise ValueError(f"model.name: unknown model '{self.model.name}'; allowed: {', '.join(sorted(MODELS))}")
-        from graphfed.models import check_model_options
-
-        check_model_options(self.model.name, self.model.options)
-        parse_options(self.method.name, self.method.options)
-        from graphfed.methods import MIXED_ARCHITECTURE_METHODS, method_class
-
-        wire = method_class(self.method.name).architectures
-        if self.model.architectures is None and wire in ("ghn", "teacher"):
-            raise ValueError(f"method.name: '{self.method.name}' federates the clients' own architectures; set "
-                             f"model.architectures (e.g. model.name=resnet-like, model.architectures=[arch0, arch1])")
-        if self.model.architectures is not None:
-            from graphfed.models.family import check_architectures
-
-            check_architectures(self.model.name, self.model.options, self.model.architectures)
-            if wire == "shared":
-                raise ValueError(f"method.name: '{self.method.name}' runs one architecture on every client; with "
-                                 f"model.architectures use {', '.join(MIXED_ARCHITECTURE_METHODS)}")
-            if self.defense.simple_tuning:
-                raise ValueError("defense.simple_tuning: clients of different architectures have no shared "
-                                 "classifier layer to re-initialise (FLHA-GHN's inference already refines the head)")
+        # The registries (datasets, models, methods) import this module, so it imports none of them: they add
+        # their checks with register_name_check (graphfed/__init__.py does, for graphfed.registries).
+        for check in NAME_CHECKS:
+            check(self)
+        if self.model.architectures is not None and self.defense.simple_tuning:
+            raise ValueError("defense.simple_tuning: clients of different architectures have no shared "
+                             "classifier layer to re-initialise (FLHA-GHN's inference already refines the head)")
         return self
+
+
+#: checks of a config's names against the registries, run on every validated config (see register_name_check)
+NAME_CHECKS: list[Callable[[RunConfig], None]] = []
+
+
+def register_name_check(check: Callable[[RunConfig], None]) -> None:
+    """Run ``check(config)`` on every validated config; it raises ValueError naming the field (one line)."""
+    if check not in NAME_CHECKS:
+        NAME_CHECKS.append(check)
 
 
 def _first_error(err: ValidationError) -> str:

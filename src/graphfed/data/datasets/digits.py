@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from graphfed.config import ConfigError, DatasetConfig
+from graphfed.data.federation import Federation
 from graphfed.data.partition import dirichlet_partition, iid_partition, pathological_partition
+from graphfed.data.registry import DatasetInfo, Streams, federation_from_clients, partition_description
 
 DEFAULT_NUM_CLIENTS = 10
 NUM_CLASSES = 10
@@ -49,3 +51,14 @@ def make_digits_clients(cfg: DatasetConfig,
     num_clients = cfg.num_clients or DEFAULT_NUM_CLIENTS
     parts = partition_indices(y, cfg, num_clients, rng)
     return [x[idx] for idx in parts], [y[idx] for idx in parts]
+
+
+def build(cfg: DatasetConfig, streams: Streams) -> Federation:
+    xs, ys = make_digits_clients(cfg, streams.partition)
+    return federation_from_clients("digits", xs, ys, cfg, streams, "classification", NUM_CLASSES,
+                                   input_shape=(NUM_FEATURES,),
+                                   description=f"sklearn digits: {len(xs)} clients, {partition_description(cfg)}")
+
+
+REGISTRY = (DatasetInfo("digits", "scikit-learn 8x8 digits, 10 classes, partitioned over clients (no graph)",
+                        "classification", build),)

@@ -26,7 +26,9 @@ import numpy as np
 
 from graphfed.config import DatasetConfig
 from graphfed.data.datasets import missing_data
+from graphfed.data.federation import ClientSplit, Federation
 from graphfed.data.partition import SplitMode
+from graphfed.data.registry import DatasetInfo, Streams, fixed_client_count
 
 __all__ = [
     "FOLDER",
@@ -209,3 +211,25 @@ def make_femnist_clients(cfg: DatasetConfig, rng: np.random.Generator,
         val[0].append(x[held_out])
         val[1].append(y[held_out])
     return data, train, val, (data.test_x, data.test_y)
+
+
+def build(cfg: DatasetConfig, streams: Streams) -> Federation:
+    """LEAF fixes the test rows per writer, so the split is natural: only validation is carved (from train)."""
+    leaf, *per_writer = make_femnist_clients(cfg, streams.split)
+    # Checked against the writers actually read (105 in the shared sample), not a constant: any LEAF sample works,
+    # and num_clients can only confirm its size.
+    fixed_client_count(cfg, len(leaf.writers))
+    train, val, test = (ClientSplit.from_lists(x, y, "classification") for x, y in per_writer)
+    sizes = [int(split.counts.sum()) for split in (train, val, test)]
+    description = (f"FEMNIST (LEAF): {len(leaf.writers)} writers as clients, {NUM_CLASSES} classes, "
+                   f"{sizes[0]} train / {sizes[1]} val / {sizes[2]} test images; test = LEAF test, val = "
+                   f"{validation_fraction(cfg.split):.1%} of each writer's LEAF train "
+                   f"({cfg.split_mode}); natural split (dataset.partition is not used)")
+    return Federation(name="femnist", task="classification", train=train, val=val, test=test,
+                      input_shape=(1, IMAGE_SIDE, IMAGE_SIDE), output_dim=NUM_CLASSES, client_names=list(leaf.writers),
+                      metric="accuracy", description=description)
+
+
+REGISTRY = (DatasetInfo("femnist", "FEMNIST (LEAF) 28x28 digits and letters, 62 classes, natural split: one client "
+                        "per writer (105); LEAF train/test per writer, val carved from the writer's train part by "
+                        "dataset.split (dataset.partition is not used, no graph)", "classification", build),)

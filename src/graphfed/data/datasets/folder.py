@@ -33,6 +33,7 @@ from numpy.typing import ArrayLike
 from graphfed.config import ConfigError, DatasetConfig, printable
 from graphfed.data.federation import ClientSplit, Federation, Task
 from graphfed.data.graphs import choose_novel_clients, edges_to_adjacency
+from graphfed.data.registry import DatasetInfo, Streams
 
 Metric = Literal["accuracy", "mse"]
 
@@ -490,12 +491,21 @@ def load_federation(root: str | Path, novel_fraction: float = 0.0,
     return folder_to_federation(read_federation_folder(root), novel_fraction, rng)
 
 
-def folder_federation(cfg: DatasetConfig, novel_rng: np.random.Generator) -> Federation:
+def build(cfg: DatasetConfig, streams: Streams) -> Federation:
     """``dataset.name: folder``: ``dataset.data_dir`` is the federation folder itself.
 
     The folder fixes the clients and their splits, so ``partition``/``split``/``split_mode`` do not apply;
-    ``num_clients``, when set, must match the folder (a silent mismatch would mislabel a sweep).
+    ``num_clients``, when set, must match the folder (a silent mismatch would mislabel a sweep). A bad folder is
+    bad input like a bad config: one line naming the file.
     """
+    try:
+        return folder_federation(cfg)
+    except FederationFormatError as err:
+        raise ConfigError(f"dataset.data_dir: {err}") from None
+
+
+def folder_federation(cfg: DatasetConfig) -> Federation:
+    """The federation folder ``dataset.data_dir`` (raises ``FederationFormatError``)."""
     if not cfg.data_dir:
         raise ConfigError("dataset.data_dir: dataset 'folder' needs dataset.data_dir set to the federation folder "
                           "(e.g. dataset.data_dir=path/to/my_federation)")
@@ -503,7 +513,13 @@ def folder_federation(cfg: DatasetConfig, novel_rng: np.random.Generator) -> Fed
     if cfg.num_clients is not None and cfg.num_clients != len(folder.client_ids):
         raise ConfigError(f"dataset.num_clients: the folder {folder.root} has {len(folder.client_ids)} clients, "
                           f"got {cfg.num_clients} (leave num_clients unset for a folder)")
-    return folder_to_federation(folder, cfg.novel_fraction, novel_rng)
+    return folder_to_federation(folder)  # build_federation chooses the novel clients, as for every dataset
+
+
+# The task listed is only the default: a folder's meta.yaml (or float targets) makes it regression.
+REGISTRY = (DatasetInfo("folder", "your own federation folder (dataset.data_dir = the folder): per-client "
+                        "train/val/test npz or CSV, optional graph.csv and meta.yaml; classification or regression "
+                        "as the folder says (README, 'Bring your own federation')", "classification", build),)
 
 
 # ---- writing the format -------------------------------------------------------------------------------------

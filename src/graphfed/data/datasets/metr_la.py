@@ -35,9 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
+from graphfed.config import DatasetConfig
 from graphfed.data.datasets import missing_data, require_file
+from graphfed.data.federation import ClientSplit, Federation
 from graphfed.data.partition import split_client_indices
+from graphfed.data.registry import DatasetInfo, Streams, fixed_client_count
 
 FOLDER = "metr-la-week"
 SPEED_FILE = "los_speed.csv.gz"
@@ -182,3 +186,29 @@ def load_metr_la(data_dir: Path | str, split: tuple[float, float, float] = (0.7,
     splits = tuple(tuple(part.astype(np.float32) for part in windows((seg - lo) / (hi - lo))) for seg in segments)
     return MetrLAData(ids, splits, steps, threshold_graph(adjacency, graph_threshold), lo, hi,
                       int(np.count_nonzero(speeds == 0)))
+
+
+def build(cfg: DatasetConfig, streams: Streams) -> Federation:
+    """The split is part of the task (the time axis is cut before windowing): no per-client split step."""
+    fixed_client_count(cfg, NUM_SENSORS)
+    metr = load_metr_la(cfg.resolved_data_dir(), cfg.split, cfg.graph_threshold, NUM_SENSORS)
+    train, val, test = (ClientSplit.from_lists(list(x), list(y), "regression") for x, y in metr.splits)
+    graph = torch.as_tensor(metr.adjacency)
+    edges = int(torch.count_nonzero(graph)) // 2
+    description = (f"METR-LA week: {NUM_SENSORS} sensors, {sum(metr.segment_steps)} 5-minute steps, "
+                   f"{INPUT_STEPS} in -> {HORIZON} out; chronological segments of "
+                   f"{'/'.join(map(str, metr.segment_steps))} steps -> "
+                   f"{'/'.join(str(x.shape[1]) for x, _ in metr.splits)} windows per sensor "
+                   f"(dataset.split_mode not used); min-max scaled on the training segment "
+                   f"({metr.speed_min:.2f}..{metr.speed_max:.2f} mph, {metr.mph_per_unit:.2f} mph/unit); "
+                   f"{metr.zero_readings} zero (missing) readings kept as values; graph = {edges} edges "
+                   f"with weight >= {cfg.graph_threshold}")
+    return Federation(name="metr-la-week", task="regression", train=train, val=val, test=test,
+                      input_shape=(INPUT_STEPS,), output_dim=HORIZON, client_graph=graph,
+                      client_names=list(metr.sensor_ids), metric="mse", description=description,
+                      target_scale=metr.mph_per_unit)
+
+
+REGISTRY = (DatasetInfo("metr-la-week", "METR-LA traffic speed, 1-7 March 2012, 207 sensor clients, 12 steps (1 h) "
+                        "in -> 12 out; chronological split, min-max scaled on the training segment (MSE on scaled "
+                        "values); DCRNN road graph cut at dataset.graph_threshold", "regression", build),)

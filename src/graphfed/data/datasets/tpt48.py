@@ -16,7 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+from graphfed.config import DatasetConfig
 from graphfed.data.datasets import missing_data, require_file
+from graphfed.data.federation import Federation
+from graphfed.data.graphs import edges_to_adjacency
+from graphfed.data.registry import DatasetInfo, Streams, federation_from_clients, fixed_client_count
 
 FOLDER = "tpt48"
 TEMPERATURE_FILE = "tpt48_monthly_tavg_F_1895-2019.csv"
@@ -146,3 +150,21 @@ def load_tpt48(data_dir: Path | str) -> TPT48Data:
     x, y = sliding_windows(scaled)
     edges = read_edges(folder / EDGES_FILE, codes)
     return TPT48Data(codes, x.astype(np.float32), y.astype(np.float32), edges, lo, hi)
+
+
+TPT48_CLIENTS = 48
+
+
+def build(cfg: DatasetConfig, streams: Streams) -> Federation:
+    fixed_client_count(cfg, TPT48_CLIENTS)
+    data = load_tpt48(cfg.resolved_data_dir())
+    return federation_from_clients(
+        "tpt48", list(data.x), list(data.y), cfg, streams, "regression", HORIZON, input_shape=(WINDOW - HORIZON,),
+        client_graph=edges_to_adjacency(data.edges, len(data.codes)), client_names=data.codes,
+        description=f"TPT-48: {len(data.codes)} states x {data.x.shape[1]} windows, 6 months in -> 6 out "
+                    f"(2008-01..2019-12, min-max scaled from {data.temp_min_f:.1f}..{data.temp_max_f:.1f} deg F); "
+                    f"graph = {len(data.edges)} shared state borders; split {cfg.split_mode}")
+
+
+REGISTRY = (DatasetInfo("tpt48", "TPT-48 monthly temperatures of 48 US states, 6-month-ahead regression, "
+                        "state-border graph", "regression", build),)
