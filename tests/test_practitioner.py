@@ -91,6 +91,8 @@ def test_named_novel_clients_are_the_same_under_every_seed(folder: Path) -> None
     digits = build_federation(load_config(None, ["dataset.name=digits", "dataset.num_clients=5",
                                                  "dataset.novel_clients=['4']"]).dataset, 0)
     assert digits.novel_client_ids.tolist() == [4]
+    fl60 = build_federation(load_config(None, ["dataset.novel_clients=[3, 17]"]).dataset, 0)  # names as numbers
+    assert fl60.novel_client_ids.tolist() == [3, 17]
 
 
 def test_a_run_names_its_novel_clients_and_warns_a_small_federation(folder: Path,

@@ -39,6 +39,13 @@ class _Strict(BaseModel):
         return value
 
 
+def _names_as_text(names: Any) -> Any:
+    """Client names given as YAML numbers (``[3, 17]``: FL-60's clients are named 0..59) are their text."""
+    if isinstance(names, list):
+        return [str(name) if isinstance(name, int) and not isinstance(name, bool) else name for name in names]
+    return names
+
+
 class DatasetConfig(_Strict):
     name: str = "fl60"
     num_clients: int | None = Field(default=None, ge=2, description="for generated/partitioned datasets")
@@ -64,6 +71,8 @@ class DatasetConfig(_Strict):
                            "angle, a sparse graph for large N (0 = the paper's dense Bernoulli graph)")
     graph_threshold: float = Field(default=0.1, ge=0.0, le=1.0, description="weighted client graphs (metr-la-week):"
                                    " drop edges whose kernel weight is below this (DCRNN's normalized_k)")
+
+    _novel_names = field_validator("novel_clients", mode="before")(_names_as_text)
 
     @model_validator(mode="after")
     def _one_way_to_hold_out(self) -> DatasetConfig:
@@ -163,6 +172,8 @@ class AttackConfig(_Strict):
     blend: float = Field(default=0.2, gt=0, lt=1, description="backdoor: x' = (1 - blend) * x + blend * trigger")
     poison_rate: float = Field(default=0.5, gt=0, le=1, description="backdoor: share of an attacker's training "
                                "rows that carry the trigger")
+
+    _client_names = field_validator("clients", mode="before")(_names_as_text)
 
     @model_validator(mode="after")
     def _one_way_to_choose(self) -> AttackConfig:
