@@ -56,11 +56,11 @@ def test_fedaghn_round_zero_is_uniform(make_config: ConfigFactory) -> None:
 
 
 def test_fedaghn_weights_sum_to_one_with_self_weight_p_over_one_plus_p(make_config: ConfigFactory) -> None:
-    """Every client's per-layer weights sum to 1; its self weight is p/(1+p) with p clamped at 0."""
+    """Every client's per-layer weights sum to 1; its self weight is p/(1+p) (p >= 0: p = 0, no self weight)."""
     simulator = _fedaghn_after_rounds(make_config, 2)
     method: FedAGHN = simulator.setup.method  # type: ignore[assignment]
     with torch.no_grad():
-        method.self_strength[3, 0] = -0.5  # clamped to 0: no self weight
+        method.self_strength[3, 0] = 0.0  # no self weight
         method.self_strength[5, 1] = 0.25
     ids = torch.arange(12)
     mixing = method.mixing(ids).detach()
@@ -79,6 +79,44 @@ def test_fedaghn_prefers_clients_with_similar_updates(make_config: ConfigFactory
     method.latest_delta[2] = -method.latest_delta[0]
     weights = method.mixing(torch.tensor([0])).detach()[:, 0]
     assert torch.all(weights[:, 1] > weights[:, 2])
+
+
+def test_fedaghn_projects_p_after_the_step_so_a_p_at_zero_can_come_back(make_config: ConfigFactory) -> None:
+    """p is kept >= 0 by projection after each step, not by a clamp in the forward pass: a clamp gives every p
+    that crossed 0 a zero gradient for ever. Here every p starts at 0; a step whose hypergradient lowers it leaves
+    it at exactly 0 (projected), and a delta that asks for more self weight then raises it again."""
+    simulator = _fedaghn_after_rounds(make_config, 2, "method.options={server_lr: 0.5}")
+    method: FedAGHN = simulator.setup.method  # type: ignore[assignment]
+    ids = torch.arange(12)
+    with torch.no_grad():
+        method.self_strength.zero_()
+    metrics = {"num_examples": torch.ones(12)}
+    sent = method.personalize(ids).detach()
+    away_from_own_model = method.client_weights - sent  # asks for less self weight
+    method.update(ids, sent, away_from_own_model, metrics)
+    assert float(method.self_strength.min()) == 0.0  # projected, never negative
+    sent = method.personalize(ids).detach()
+    method.update(ids, sent, sent - method.client_weights, metrics)  # asks for more self weight
+    assert float(method.self_strength.max()) > 0.0  # the gradient at p = 0 was not zero
+
+
+def test_fedaghn_ablation_options(make_config: ConfigFactory) -> None:
+    """FedAGHN's ablation (Appendix D.1): p absent = no self weight; q absent = q fixed at 1; frozen p and q never
+    move; layerwise false = one p and q per client for all layers."""
+    absent = _fedaghn_after_rounds(make_config, 2, "method.options={p: absent, q: absent}").setup.method
+    mixing = absent.mixing(torch.arange(12)).detach()
+    assert float(mixing.diagonal(dim1=1, dim2=2).abs().max()) == 0.0
+    assert torch.equal(absent.temperature.detach(), torch.ones_like(absent.temperature))
+    assert not absent.learns
+    frozen = _fedaghn_after_rounds(make_config, 3, "method.options={p: frozen, q: frozen, init_p: 0.2}").setup.method
+    assert torch.equal(frozen.self_strength.detach(), torch.full_like(frozen.self_strength, 0.2))
+    only_q = _fedaghn_after_rounds(make_config, 3, "method.options={p: frozen}").setup.method
+    assert torch.equal(only_q.self_strength.detach(), torch.full_like(only_q.self_strength, 0.03))
+    assert not torch.equal(only_q.temperature.detach(), torch.full_like(only_q.temperature, 0.5))
+    shared = _fedaghn_after_rounds(make_config, 3, "method.options={layerwise: false}").setup.method
+    assert shared.self_strength.shape == (12, 1)
+    diagonal = shared.mixing(torch.arange(12)).detach().diagonal(dim1=1, dim2=2)  # [L, 12]: same p in every layer
+    torch.testing.assert_close(diagonal, diagonal[:1].expand_as(diagonal))
 
 
 @pytest.mark.parametrize("sign", ["descent", "released"])

@@ -214,3 +214,19 @@ def test_regression_table_adds_mae_in_data_units_mean_and_std_over_seeds(tmp_pat
     row = next(line for line in text.splitlines() if line.startswith("| fedavg |"))
     assert "| 5.000 ± 1.000 |" in row and "| 101 |" in row  # MAE mean ± std over seeds; the largest peak RSS
     assert rows[0]["test"] == pytest.approx((0.015, 0.005))
+
+
+def test_the_paper_report_tables_are_regenerated_from_the_committed_runs() -> None:
+    """Every section of ``benchmarks/results/paper/report.md`` (its tables, notes and the cells not run yet) is exactly
+    what the report writer makes of the committed run directories: no hand-edited number."""
+    from graphfed.report.bench import finished_results, report_sections
+
+    out = PAPER.parents[1] / "results" / "paper"
+    suite = load_suite(PAPER)
+    cells, results = finished_results(suite, out)
+    sections, tables = report_sections(suite, cells, results, out, plots=False)
+    committed = (out / "report.md").read_text()
+    body = "\n".join(sections)
+    assert committed.endswith(body)
+    assert committed[:-len(body)].count("## ") == 0  # nothing but the header precedes the regenerated sections
+    assert sum(len(rows) for rows in tables.values()) >= 40  # rows of methods with finished runs

@@ -207,7 +207,7 @@ def test_mixed_architecture_run_resumes_bit_identically(tmp_path: Path, monkeypa
 
 def test_local_keeps_each_client_on_its_own_architecture() -> None:
     """The ``own`` wire: each client's row is its architecture's parameters, zero past them; training never writes
-    past them; bytes count each architecture's own size."""
+    past them; the wire counts each architecture's own size (Local itself sends nothing: it is billed 0)."""
     federation = image_federation()
     simulator = Simulator(mixed_config("local", "train.rounds=1"), federation=federation, progress=False)
     family = simulator.setup.family
@@ -220,7 +220,8 @@ def test_local_keeps_each_client_on_its_own_architecture() -> None:
         assert arch == client % 2  # round-robin
         assert torch.equal(weights[client, dims[arch]:], torch.zeros(family.max_dim - dims[arch]))
         assert not torch.equal(weights[client, :dims[arch]], family.init_weights[arch])
-    assert simulator.tracker.bytes_up == 2 * (dims[0] + dims[1]) * 4
+    assert simulator.setup.wire_values(torch.arange(4)) == 2 * (dims[0] + dims[1])
+    assert simulator.tracker.bytes_up == simulator.tracker.bytes_down == 0
 
 
 def test_pfedhn_generates_per_architecture_heads() -> None:

@@ -355,3 +355,11 @@ def test_fedavg_evaluates_every_client_without_copying_the_global_model(make_con
     copied = simulator.executor.evaluate(ids, weights.clone(), 2)
     viewed = simulator.executor.evaluate(ids, weights, 2)
     torch.testing.assert_close(viewed["test"].metric, copied["test"].metric)
+
+
+def test_local_is_billed_no_traffic(make_config) -> None:
+    """Local never sends or receives weights: its bytes up and down are 0, FedAvg's are not."""
+    local = run_config(make_config("local"), progress=False)
+    assert local["bytes_up"] == local["bytes_down"] == 0
+    fedavg = run_config(make_config("fedavg"), progress=False)
+    assert fedavg["bytes_up"] > 0 and fedavg["bytes_down"] > 0

@@ -74,6 +74,8 @@ class Method(ABC):
     #: why the method has no model for a client that never trained (Local: nothing is shared), or None. Such a
     #: method reports no novel-client score ("—"), never the score of an untrained model.
     no_novel_model: ClassVar[str | None] = None
+    #: whether weights travel between server and clients at all (Local's never do: its bytes are 0)
+    communicates: ClassVar[bool] = True
 
     def __init__(self, context: MethodContext, options: MethodOptions) -> None:
         self.context = context

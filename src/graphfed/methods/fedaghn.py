@@ -2,10 +2,16 @@
 
 Per client i and layer r, from the PREVIOUS round's updates Delta_theta:
   a_ij^r = softmax_{j != i}( q_i^r * cos(Delta_theta_i^r, Delta_theta_j^r) )
-  w_i^r  = [p_i^r (self), a_ij^r (others)] / (1 + p_i^r)          p clamped >= 0, so self = p / (1 + p)
+  w_i^r  = [p_i^r (self), a_ij^r (others)] / (1 + p_i^r)          p >= 0, so self = p / (1 + p)
   theta'_i^r = sum_j w_ij^r theta_j^r                              (uniform weights in round 0)
-Server: p, q learn by the hypergradient of theta'_i with the client's delta (SGD, lr 0.005, no momentum).
+Server: p, q learn by the hypergradient of theta'_i with the client's delta (SGD, lr 0.005, no momentum); p is
+projected back to p >= 0 after each step. (Clamping inside the forward pass, as the released code does, gives a
+p that crossed 0 zero gradient for ever: it could never come back.)
 ``hypergrad_sign: released`` reproduces the released code's opposite sign, for comparison only.
+
+The paper's ablation (Appendix D.1, Table 1) is three options: ``p`` and ``q`` each ``learned`` (default),
+``frozen`` at their initial value, or ``absent`` (no self term, p = 0; plain softmax of the cosines, q = 1), and
+``layerwise: false`` for one p and q per client shared by all layers.
 BatchNorm layers use batch statistics (graphfed's ``cnn-bn``), so there are no running statistics to share.
 """
 
@@ -30,6 +36,12 @@ class FedAGHNOptions(MethodOptions):
     server_lr: float = Field(default=0.005, gt=0, description="SGD lr of p and q (hypergradient steps)")
     hypergrad_sign: Literal["descent", "released"] = Field(default="descent",
             description="descent: the sign that lowers the clients' loss; released: the released code's opposite sign")
+    p: Literal["learned", "frozen", "absent"] = Field(default="learned", description="the self weight p: learned, "
+                                                      "frozen at init_p, or absent (p = 0: no self term)")
+    q: Literal["learned", "frozen", "absent"] = Field(default="learned", description="the temperature q: learned, "
+                                                      "frozen at init_q, or absent (q = 1)")
+    layerwise: bool = Field(default=True, description="one p and q per client and layer (false: per client, shared "
+                                                       "by all layers)")
 
 
 class FedAGHN(PersonalizedAggregation):
@@ -40,10 +52,15 @@ class FedAGHN(PersonalizedAggregation):
     def __init__(self, context: MethodContext, options: FedAGHNOptions) -> None:
         super().__init__(context, options)
         self.options: FedAGHNOptions = options
-        shape = (context.num_clients, self.num_layers)
-        self.self_strength = nn.Parameter(torch.full(shape, options.init_p))  # p_i^r
-        self.temperature = nn.Parameter(torch.full(shape, options.init_q))  # q_i^r
-        self.optimizer = torch.optim.SGD([self.self_strength, self.temperature], lr=options.server_lr)
+        shape = (context.num_clients, self.num_layers if options.layerwise else 1)
+        p0 = 0.0 if options.p == "absent" else options.init_p
+        q0 = 1.0 if options.q == "absent" else options.init_q
+        self.self_strength = nn.Parameter(torch.full(shape, p0), requires_grad=options.p == "learned")  # p_i^r
+        self.temperature = nn.Parameter(torch.full(shape, q0), requires_grad=options.q == "learned")  # q_i^r
+        learned = [param for param in (self.self_strength, self.temperature) if param.requires_grad]
+        # an SGD over nothing would refuse to exist; with nothing learned the optimizer is never stepped
+        self.optimizer = torch.optim.SGD(learned or [nn.Parameter(torch.zeros(1))], lr=options.server_lr)
+        self.learns = bool(learned)
 
     def mixing(self, client_ids: torch.Tensor) -> torch.Tensor:
         n = self.context.num_clients
@@ -54,16 +71,19 @@ class FedAGHN(PersonalizedAggregation):
         for r, (lo, hi) in enumerate(layer_bounds(self.context.spec)):
             updates = F.normalize(self.latest_delta[:, lo:hi], dim=1)
             cosine = updates[client_ids] @ updates.T  # [S, N]
-            logits = (self.temperature[client_ids, r].unsqueeze(1) * cosine).masked_fill(is_self, float("-inf"))
+            column = r if self.options.layerwise else 0
+            logits = (self.temperature[client_ids, column].unsqueeze(1) * cosine).masked_fill(is_self, float("-inf"))
             others = torch.softmax(logits, dim=1)  # sums to 1 over j != i
-            p = self.self_strength[client_ids, r].clamp_min(0.0).unsqueeze(1)
+            p = self.self_strength[client_ids, column].unsqueeze(1)  # >= 0: projected after every step
             layers.append((others + is_self * p) / (1.0 + p))
         return torch.stack(layers)
 
     def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
                metrics: dict[str, torch.Tensor]) -> None:
-        if self.rounds_seen > 0:  # round 0 is uniform: p and q played no part in what was sent
+        if self.rounds_seen > 0 and self.learns:  # round 0 is uniform: p and q played no part in what was sent
             regenerated = self.personalize(client_ids)
             hypergradient_step(self.optimizer, regenerated, delta / len(client_ids),
                                sign=self.options.hypergrad_sign)
+            with torch.no_grad():  # projection onto p >= 0 (a clamp in the forward pass would freeze p at 0)
+                self.self_strength.clamp_(min=0.0)
         self.record_updates(client_ids, sent, delta)

@@ -12,6 +12,7 @@ class Local(Method):
     summary = "each client trains its own model alone (no federation)"
     architectures = "own"
     no_novel_model = "local shares nothing: a client that never trained has no model of its own"
+    communicates = False  # the server-side rows are the simulation's bookkeeping of each client's own model
 
     def __init__(self, context: MethodContext, options: MethodOptions) -> None:
         super().__init__(context, options)

@@ -160,17 +160,23 @@ class Panacea(EmbeddingHypernetwork):
         return self.adjacency.clone() if client_ids is None else self.adjacency[client_ids]
 
 
+class PanaceaGNOptions(PanaceaOptions):
+    # the variant's definition, in its options: what a run records is what parse_options resolves
+    lambda_d: Literal[0.0] = Field(default=0.0, description="Panacea-GN has no graph generator: always 0")
+
+
 class PanaceaGN(Panacea):
     name = "panacea-gn"
     summary = "Panacea without the graph generator (lambda_d = 0)"
+    Options = PanaceaGNOptions
 
-    def __init__(self, context: MethodContext, options: PanaceaOptions) -> None:
-        super().__init__(context, options.model_copy(update={"lambda_d": 0.0}))
+
+class PanaceaMLPOptions(PanaceaOptions):
+    gnn: Literal["none"] = Field(default="none", description="Panacea-MLP has no GNN: always none")
+    lambda_d: Literal[0.0] = Field(default=0.0, description="Panacea-MLP has no graph generator: always 0")
 
 
 class PanaceaMLP(Panacea):
     name = "panacea-mlp"
     summary = "Panacea's MLP hypernetwork alone: no GNN, no graph generator"
-
-    def __init__(self, context: MethodContext, options: PanaceaOptions) -> None:
-        super().__init__(context, options.model_copy(update={"gnn": "none", "lambda_d": 0.0}))
+    Options = PanaceaMLPOptions

@@ -1,6 +1,6 @@
 """pFedGAT: a server-side graph attention network learns how to aggregate client models.
 
-Per round (paper Sec. 3, DESIGN.md):
+Per round (paper Sec. 3; the decisions the paper leaves open are below):
   h_i = LayerNorm(flatten(theta_i - mean_j theta_j))   node features: clients' latest models (centred, see below)
   alpha = GAT(h) on the complete graph with self loops (K heads, LeakyReLU 0.2, softmax over j)
   R = mean over heads of alpha                         row-stochastic: R[i, j] = weight of client j for i

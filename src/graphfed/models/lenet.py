@@ -1,4 +1,7 @@
-"""The LeNet-style CNN that pFedHN (its CIFAR target network) and pFedGAT train on CIFAR.
+"""The LeNet-style CNN that pFedHN trains on CIFAR (its target network): 2 conv + 3 linear layers.
+
+Not pFedGAT's network: pFedGAT's paper uses 3 conv + 3 linear layers, which graphfed does not ship (its pFedGAT
+runs use this LeNet or the MLP, as each report states).
 
 conv(C -> channels, 5x5) -> ReLU -> maxpool 2 -> conv(channels -> channels2, 5x5) -> ReLU -> maxpool 2 ->
 fc(flat -> hidden) -> ReLU -> fc(hidden -> hidden2) -> ReLU -> fc(hidden2 -> classes), unpadded convolutions.

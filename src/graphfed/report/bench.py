@@ -225,9 +225,12 @@ def _completed_summary(directory: Path) -> dict[str, Any] | None:
 
 def _ran_with_options(summary: dict[str, Any], config: RunConfig) -> bool:
     """Whether the run ran ``config``'s method options as they resolve now. config.yaml keeps only the options
-    that were set; the summary records all, so a run made before a default changed is not reused."""
+    that were set; the summary records all, so a run made before a default changed is not reused. An option added
+    since the run (not in its summary) is taken to be at its default: a new option's default keeps the behaviour
+    the method had before it existed."""
     resolved = parse_options(config.method.name, config.method.options).model_dump(mode="json")
-    return summary.get("method_options", resolved) == resolved  # older summaries did not record them
+    recorded = summary.get("method_options", resolved)  # older summaries did not record them
+    return all(key in resolved and resolved[key] == value for key, value in recorded.items())
 
 
 def _finished_summary(directory: Path, config: RunConfig) -> dict[str, Any] | None:
@@ -324,7 +327,8 @@ def _paper_cells(entry: SuiteDataset, method: str) -> list[str]:
 
 
 def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
-                     results: dict[tuple[str, str], list[dict[str, Any]]], out: Path) -> tuple[str, list[dict]]:
+                     results: dict[tuple[str, str], list[dict[str, Any]]], out: Path,
+                     plots: bool = True) -> tuple[str, list[dict]]:
     own = [cell for cell in cells if cell.dataset == key]
     methods = list(dict.fromkeys(cell.method for cell in own))
     completed = {method: [s for s in results.get((key, method), []) if s["status"] == "completed"]
@@ -365,10 +369,11 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
         lines += ["", f"*{reference.label}*: {reference.source}" + (f" ({reference.unit})" if reference.unit else "")
                   + (f". {reference.notes}" if reference.notes else "")]
     if rows:
-        plot = out / "plots" / f"{key}.png"
-        histories = {row["method"]: io.RoundLog(Cell(key, row["method"], config).directory(out)).read()
-                     for row in rows}
-        plot_comparison(histories, plot, config_metric(rows), title=f"{entry.title or key} (seed {config.seed})")
+        if plots:
+            histories = {row["method"]: io.RoundLog(Cell(key, row["method"], config).directory(out)).read()
+                         for row in rows}
+            plot_comparison(histories, out / "plots" / f"{key}.png", config_metric(rows),
+                            title=f"{entry.title or key} (seed {config.seed})")
         lines += ["", f"![convergence, {key}](plots/{key}.png)"]
     return "\n".join(lines) + "\n", rows
 
@@ -389,24 +394,33 @@ def _previous_invocations(out: Path) -> list[dict[str, Any]]:
         return []
 
 
+def report_sections(suite: Suite, cells: list[Cell], results: dict[tuple[str, str], list[dict[str, Any]]],
+                    out: Path, plots: bool = True) -> tuple[list[str], dict[str, list[dict[str, Any]]]]:
+    """Each dataset's section of the report (its table, notes and plot) and its table rows."""
+    sections, tables = [], {}
+    for key, entry in suite.datasets.items():
+        if any(cell.dataset == key for cell in cells):
+            text, rows = _dataset_section(key, entry, cells, results, out, plots)
+            sections.append(text)
+            tables[key] = rows
+    return sections, tables
+
+
 def write_report(suite: Suite, cells: list[Cell], results: dict[tuple[str, str], list[dict[str, Any]]],
-                 out: Path, command: str, seconds: float) -> Path:
+                 out: Path, command: str | None, seconds: float) -> Path:
     """``OUT/report.md`` (or the suite's ``report`` name: tables, plots, paper numbers) and ``OUT/report.json``
     (every summary and row)."""
     out.mkdir(parents=True, exist_ok=True)
     env = environment()
     total_run_seconds = sum(s.get("cell_seconds", 0.0) for runs in results.values() for s in runs)
-    sections, tables = [], {}
-    for key, entry in suite.datasets.items():
-        if any(cell.dataset == key for cell in cells):
-            text, rows = _dataset_section(key, entry, cells, results, out)
-            sections.append(text)
-            tables[key] = rows
-    # Every invocation that added cells to this directory, oldest first (a grid is often run in parts).
+    sections, tables = report_sections(suite, cells, results, out)
+    # Every invocation that added cells to this directory, oldest first (a grid is often run in parts); a
+    # report-only rewrite (command None) adds none.
     invocations = _previous_invocations(out)
-    invocations.append({"command": command, "seconds": round(seconds, 1),
-                        "seconds_in_new_cells": round(total_run_seconds, 1),
-                        "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
+    if command is not None:
+        invocations.append({"command": command, "seconds": round(seconds, 1),
+                            "seconds_in_new_cells": round(total_run_seconds, 1),
+                            "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
     header = [f"# {suite.name}", ""]
     if suite.description:
         header += [suite.description.strip(), ""]
@@ -426,12 +440,14 @@ def write_report(suite: Suite, cells: list[Cell], results: dict[tuple[str, str],
 
 def run_suite(suite_path: Path, out: Path, datasets: list[str] | None = None, methods: list[str] | None = None,
               seeds: int | None = None, overrides: dict[str, Any] | None = None, data_dir: Path | None = None,
-              in_process: bool = False, command: str | None = None, echo: Any = print) -> tuple[Path, bool]:
-    """Run a suite end to end; returns the report path and whether every cell completed."""
+              in_process: bool = False, command: str | None = None, echo: Any = print,
+              report_only: bool = False) -> tuple[Path, bool]:
+    """Run a suite end to end; returns the report path and whether every cell completed. ``report_only``: run
+    nothing, rewrite the report from the finished run directories."""
     begin = time.perf_counter()
     suite = load_suite(suite_path)
     cells = suite_cells(suite, seeds=seeds, overrides=overrides)
-    selected = suite_cells(suite, datasets, methods, seeds, overrides)
+    selected = [] if report_only else suite_cells(suite, datasets, methods, seeds, overrides)
     results = run_cells(selected, out, in_process=in_process, data_dir=data_dir, echo=echo)
     all_done = all(s["status"] == "completed" for runs in results.values() for s in runs)
     # The report covers the whole suite: cells a filtered invocation skipped count if an earlier one finished them.
@@ -440,9 +456,20 @@ def run_suite(suite_path: Path, out: Path, datasets: list[str] | None = None, me
             finished = _finished_summary(cell.directory(out), cell.config)
             results.setdefault((cell.dataset, cell.method), []).append(finished or {"status": NOT_RUN})
     command = command or shlex.join(["graphfed", "bench", str(suite_path), "--out", str(out)])
-    report = write_report(suite, cells, results, out, command, time.perf_counter() - begin)
+    report = write_report(suite, cells, results, out, None if report_only else command, time.perf_counter() - begin)
     return report, all_done
 
 
-__all__ = ["Cell", "PaperReference", "Suite", "load_suite", "run_cells", "run_suite",
-           "suite_cells", "write_report"]
+def finished_results(suite: Suite, out: Path) -> tuple[list[Cell], dict[tuple[str, str], list[dict[str, Any]]]]:
+    """Every cell of ``suite`` and, per (dataset, method), the finished summaries in ``out`` (or a "not run"
+    marker): what a report is written from."""
+    cells = suite_cells(suite)
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for cell in cells:
+        finished = _finished_summary(cell.directory(out), cell.config)
+        results.setdefault((cell.dataset, cell.method), []).append(finished or {"status": NOT_RUN})
+    return cells, results
+
+
+__all__ = ["Cell", "PaperReference", "Suite", "finished_results", "load_suite", "report_sections", "run_cells",
+           "run_suite", "suite_cells", "write_report"]

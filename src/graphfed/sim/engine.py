@@ -257,7 +257,9 @@ class Simulator:
         if not torch.isfinite(sent).all() or not all(torch.isfinite(v).all() for v in broadcast.values()):
             raise NonFiniteUpdateError(f"round {round_index + 1}: the server produced non-finite weights")
         extra_down = sum(value.numel() for value in broadcast.values())
-        self.tracker.bytes_down += (self.setup.wire_values(client_ids) + extra_down) * BYTES_PER_VALUE
+        communicates = type(method).communicates
+        if communicates:
+            self.tracker.bytes_down += (self.setup.wire_values(client_ids) + extra_down) * BYTES_PER_VALUE
         result = self.executor.train(client_ids, sent, round_index, "local_training", broadcast=broadcast)
         check_update(result.delta, result.client_ids, spec.dim, round_index)
         if len(result.client_ids) == 0:
@@ -269,8 +271,9 @@ class Simulator:
         extra_up = sum(result.metrics[name][0].numel() for name in extras)
         if self.setup.family is None:  # a rule may upload less than the model (FedRep: its body)
             extra_up += rule.upload_dim - spec.dim
-        self.tracker.bytes_up += (self.setup.wire_values(result.client_ids)
-                                  + len(result.client_ids) * extra_up) * BYTES_PER_VALUE
+        if communicates:
+            self.tracker.bytes_up += (self.setup.wire_values(result.client_ids)
+                                      + len(result.client_ids) * extra_up) * BYTES_PER_VALUE
         loss = float(result.metrics["loss_last"].mean())
         if not math.isfinite(loss):
             raise NonFiniteUpdateError(f"round {round_index + 1}: non-finite training loss")
