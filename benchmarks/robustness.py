@@ -94,13 +94,44 @@ def ratio_cell(runs: list[dict[str, Any]], key: str, ratio: int) -> str:
     return cell(runs, "test_mean" if ratio == 0 else key)
 
 
-def rank_of(sweep: str, ratio: int, methods: list[str], method: str, key: str = "honest_test_mean") -> int | None:
-    """``method``'s place (1 = best) among ``methods`` by mean ``key`` at ``ratio`` (clean point: all clients)."""
-    key = key if ratio else "test_mean"
+#: accuracy points within which two methods count as tied (seed-to-seed spread at saturation is about this size)
+MARGIN = 1.0
+
+
+def standing(sweep: str, ratio: int, methods: list[str], method: str) -> tuple[int, int, int] | None:
+    """``(beaten, beaten_by, others)``: how many of the other methods ``method`` beats by more than MARGIN points of
+    honest clients' accuracy at ``ratio``, and how many beat it by more; None when a cell has not run."""
+    key = "honest_test_mean" if ratio else "test_mean"
     means = {m: stats(summaries(cell_key(sweep, ratio), m), key)[0] for m in methods}
-    if means.get(method) is None:
+    if any(value is None for value in means.values()):
         return None
-    return 1 + sum(1 for m, value in means.items() if value is not None and value > means[method])
+    mine = means[method]
+    others = [value for m, value in means.items() if m != method]
+    return (sum(mine > value + MARGIN for value in others), sum(value > mine + MARGIN for value in others),
+            len(others))
+
+
+def claim_row(claim: str, sweep: str, ratios: tuple[int, ...], methods: list[str], subjects: tuple[str, ...]) -> str:
+    """One verdict row: a claim that ``subjects`` (Panacea, and Panacea-GN) do better than most baselines under the
+    attack of ``sweep`` at ``ratios``. Holds: at every ratio one of them beats at least half of the other methods by
+    more than MARGIN points and none beats it by more; partly: none beats it by more (it is among the best) but it
+    does not beat most; does not hold: another method beats every subject by more at some ratio."""
+    texts, outcomes = [], []
+    for ratio in ratios:
+        best = None
+        for subject in subjects:
+            standing_now = standing(sweep, ratio, methods, subject)
+            if standing_now is None:
+                return f"| {claim} | {ratio} % not run yet | not run yet |"
+            if best is None or (standing_now[1], -standing_now[0]) < (best[1][1], -best[1][0]):
+                best = (subject, standing_now)
+        subject, (beaten, beaten_by, others) = best  # type: ignore[misc]
+        texts.append(f"{ratio} %: {subject} beats {beaten} of {others}, beaten by {beaten_by}")
+        outcomes.append("holds" if beaten_by == 0 and 2 * beaten >= others else "partly" if beaten_by == 0
+                        else "does not hold here")
+    verdict = ("holds" if all(o == "holds" for o in outcomes)
+               else "does not hold here" if "does not hold here" in outcomes else "partly")
+    return f"| {claim} | {'; '.join(texts)} | {verdict} |"
 
 
 def plot_sweeps(methods: list[str]) -> None:
@@ -120,42 +151,19 @@ def plot_sweeps(methods: list[str]) -> None:
 
 
 def verdicts(methods: list[str]) -> list[str]:
-    lines = ["| claim (paper) | here | verdict |", "|---|---|---|"]
+    lines = ["| claim (paper) | here (honest clients' accuracy; a margin of "
+             f"{MARGIN:g} point counts as a tie) | verdict |", "|---|---|---|"]
     for sweep in ("fl60-mp", "fmnist-mp"):
-        ranks = [rank_of(sweep, r, methods, "panacea") for r in RATIOS[1:]]
-        known = [r for r in ranks if r is not None]
-        best_other = []
-        for ratio in RATIOS[1:]:
-            means = {m: stats(summaries(cell_key(sweep, ratio), m), "honest_test_mean")[0] for m in methods}
-            best_other.append(max((v for m, v in means.items() if m != "panacea" and v is not None), default=None))
-        text = ", ".join(f"{r} %: {'—' if rank is None else f'#{rank}'}" for r, rank in zip(RATIOS[1:], ranks,
-                                                                                          strict=True))
-        if len(known) < len(ranks):
-            verdict = f"not run yet ({len(known)} of {len(ranks)} ratios)"
-        elif all(rank <= len(methods) // 2 for rank in known):
-            verdict = "holds" if all(rank <= 2 for rank in known) else "partly (upper half, not first)"
-        else:
-            verdict = "does not hold here"
-        lines.append(f"| Panacea outperforms most baselines under model poisoning at 10-50 % (journal Fig. 4) — "
-                     f"{SWEEPS[sweep]} | Panacea's place among {len(methods)} methods: {text} | {verdict} |")
-    ranks = {r: {m: rank_of("fl60-lf", r, methods, m) for m in ("panacea", "panacea-gn")} for r in (30, 40)}
-    if any(rank is None for by_method in ranks.values() for rank in by_method.values()):
-        verdict = "not run yet"
-    else:
-        best = all(min(by_method.values()) == 1 for by_method in ranks.values())
-        verdict = "holds" if best else ("partly" if all(min(b.values()) <= 3 for b in ranks.values())
-                                        else "does not hold here")
-    text = "; ".join(f"{r} %: Panacea #{ranks[r]['panacea']}, Panacea-GN #{ranks[r]['panacea-gn']}" for r in ranks)
-    lines.append(f"| Panacea and Panacea-GN keep superior accuracy under 30 % and 40 % label flipping "
-                 f"(conference Fig. 2 e-f) | {text} | {verdict} |")
-    asr = {}
-    for method in ("panacea", "fedavg", "ditto"):
-        asr[method] = stats(summaries("fmnist-bd-st", method), "asr_honest")[0]
+        lines.append(claim_row(f"Panacea outperforms most baselines under model poisoning at 10-50 % (journal Fig. 4) "
+                               f"— {SWEEPS[sweep]}", sweep, RATIOS[1:], methods, ("panacea",)))
+    lines.append(claim_row("Panacea and Panacea-GN keep superior accuracy under 30 % and 40 % label flipping "
+                           "(conference Fig. 2 e-f)", "fl60-lf", (30, 40), methods, ("panacea", "panacea-gn")))
+    asr = {method: stats(summaries("fmnist-bd-st", method), "asr_honest")[0]
+           for method in ("panacea", "fedavg", "ditto")}
     if any(value is None for value in asr.values()):
         verdict, text = "not run yet", "—"
     else:
-        lower = asr["panacea"] < min(asr["fedavg"], asr["ditto"])
-        verdict = "holds" if lower else "does not hold here"
+        verdict = "holds" if asr["panacea"] < min(asr["fedavg"], asr["ditto"]) - MARGIN else "does not hold here"
         text = ", ".join(f"{m} {v:.1f} %" for m, v in asr.items())
     lines.append(f"| With Simple-Tuning, Panacea's ASR (47.1 %) is far below FedAvg's and Ditto's (> 66 %) "
                  f"(journal Table V) | honest clients' ASR: {text} | {verdict} |")
