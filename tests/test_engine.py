@@ -97,6 +97,28 @@ def test_resume_after_interrupt_equals_an_uninterrupted_run(make_config: ConfigF
     assert rounds_without_wall_time(out) == rounds_without_wall_time(tmp_path / "clean")
 
 
+def test_a_checkpoint_written_before_new_config_fields_existed_still_resumes(make_config: ConfigFactory, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint's config text from an older graphfed lacks fields added since (with their defaults): it is
+    compared after validation, so the run resumes and ends as an uninterrupted run does."""
+    import yaml
+
+    cfg = make_config("fedavg", "train.rounds=6", "train.eval_every=3", "train.checkpoint_every=3")
+    clean = run_config(cfg, tmp_path / "clean", progress=False)
+    interrupt_at(monkeypatch, 4)
+    with pytest.raises(KeyboardInterrupt):
+        run_config(cfg, tmp_path / "old", progress=False)
+    monkeypatch.undo()
+    state = load_checkpoint(tmp_path / "old")
+    older = yaml.safe_load(state["config"])
+    for field in ("novel_clients", "graph", "graph_k"):  # fields this version added to dataset:
+        del older["dataset"][field]
+    state["config"] = yaml.safe_dump(older, sort_keys=False)
+    save_checkpoint(tmp_path / "old", state)
+    resumed = run_config(cfg, tmp_path / "old", resume=True, progress=False)
+    assert without_wall_time(resumed) == without_wall_time(clean)
+
+
 def test_resume_with_a_changed_config_is_refused(make_config: ConfigFactory, tmp_path: Path) -> None:
     """A checkpoint written by another config cannot be resumed: CheckpointError says 'different config'."""
     run_config(make_config("fedavg", "train.rounds=5"), tmp_path, progress=False)

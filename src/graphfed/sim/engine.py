@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from tqdm.auto import tqdm
 
 from graphfed.attacks import Attack, build_attack
 from graphfed.attacks.defenses import SimpleTuning
-from graphfed.config import ConfigError, RunConfig, dump_config
+from graphfed.config import ConfigError, RunConfig, dump_config, validate_config
 from graphfed.core import rng
 from graphfed.core.params import ParamSpec
 from graphfed.data import build_federation
@@ -385,7 +386,7 @@ class Simulator:
             if not isinstance(state.get(key), kind):
                 raise io.CheckpointError(f"--resume: the checkpoint has no valid '{key}' ({kind.__name__} expected); "
                                          f"it was not written by this graphfed run")
-        if state["config"] != dump_config(self.config):
+        if not self._same_config(state["config"]):
             raise io.CheckpointError("--resume: the checkpoint was written by a different config; "
                                      "use the run's own config.yaml or start a new --out directory")
         completed = state["completed_rounds"]
@@ -406,6 +407,16 @@ class Simulator:
         for key, value in state["tracker"].items():
             setattr(self.tracker, key, value)
         return int(completed)
+
+    def _same_config(self, text: str) -> bool:
+        """Whether a checkpoint's config is this run's. Compared after validation, so a checkpoint written before a
+        new field with a default existed still resumes (its text lacks the field)."""
+        if text == dump_config(self.config):
+            return True
+        try:
+            return validate_config(yaml.safe_load(text)) == self.config
+        except (ConfigError, yaml.YAMLError, RecursionError):
+            return False
 
     # ---- the loop ----------------------------------------------------------------------------------
     def run(self, resume: bool = False) -> dict[str, Any]:
