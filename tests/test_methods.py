@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from conftest import ConfigFactory, read_rounds, single_architecture_methods
-from graphfed.config import load_config
+from graphfed.config import ConfigError, load_config
 from graphfed.data import build_federation
 from graphfed.methods.panacea import Panacea
 from graphfed.nn.gnn import GNNEncoder
@@ -289,8 +289,10 @@ def test_panacea_saves_an_inferred_graph_as_edges_and_a_given_graph_not_at_all(m
 
 
 def test_panacea_gn_has_no_graph_generator_loss(make_config: ConfigFactory) -> None:
-    """panacea-gn forces lambda_d = 0 even when the config asks for more, and keeps its GNN."""
-    simulator = Simulator(make_config("panacea-gn", "method.options.lambda_d=0.5"), progress=False)
+    """panacea-gn has lambda_d = 0 (a config asking for more is refused, naming the option) and keeps its GNN."""
+    with pytest.raises(ConfigError, match=r"method.options.lambda_d: Input should be 0.0"):
+        make_config("panacea-gn", "method.options.lambda_d=0.5")
+    simulator = Simulator(make_config("panacea-gn"), progress=False)
     method = simulator.setup.method
     assert isinstance(method, Panacea)
     assert method.options.lambda_d == 0.0
@@ -303,7 +305,9 @@ def test_panacea_gn_has_no_graph_generator_loss(make_config: ConfigFactory) -> N
 def test_panacea_mlp_has_no_gnn_and_no_graph(make_config: ConfigFactory) -> None:
     """panacea-mlp has no GNN layer anywhere, lambda_d = 0 and no collaboration graph; its weights ignore the
     client graph entirely (same output with the graph removed)."""
-    cfg = make_config("panacea-mlp", "method.options.gnn=gcn", "method.options.lambda_d=0.5")
+    with pytest.raises(ConfigError, match=r"method.options.gnn: Input should be 'none'"):
+        make_config("panacea-mlp", "method.options.gnn=gcn")
+    cfg = make_config("panacea-mlp")
     simulator = Simulator(cfg, progress=False)
     method = simulator.setup.method
     assert method.options.gnn == "none" and method.options.lambda_d == 0.0
