@@ -154,6 +154,8 @@ def test_relative_data_dir_is_relative_to_the_suite_file(tmp_path: Path) -> None
     ("name: [x\n", "not valid YAML"),
     ("name: x\nreport: ../x.md\ndatasets: {a: {methods: [fedavg]}}\n", "report file name '../x.md' cannot name a"),
     ("name: x\nreport: report.json\ndatasets: {a: {methods: [fedavg]}}\n", "a markdown file name ending in .md"),
+    ("name: x\ndatasets: {a: {methods: [fedavg]}}\nclaims: [{claim: c, dataset: b, better: fedavg, than: [local]}]\n",
+     "dataset 'b' is not a key of the suite"),
 ])
 def test_invalid_suite_is_one_clear_error_before_anything_runs(tmp_path: Path, content: str, message: str) -> None:
     suite = tmp_path / "suite.yaml"
@@ -219,14 +221,40 @@ def test_regression_table_adds_mae_in_data_units_mean_and_std_over_seeds(tmp_pat
 def test_the_paper_report_tables_are_regenerated_from_the_committed_runs() -> None:
     """Every section of ``benchmarks/results/paper/report.md`` (its tables, notes and the cells not run yet) is exactly
     what the report writer makes of the committed run directories: no hand-edited number."""
-    from graphfed.report.bench import finished_results, report_sections
+    from graphfed.report.bench import deviations_section, finished_results, report_sections, verdict_table
 
     out = PAPER.parents[1] / "results" / "paper"
     suite = load_suite(PAPER)
     cells, results = finished_results(suite, out)
     sections, tables = report_sections(suite, cells, results, out, plots=False)
     committed = (out / "report.md").read_text()
-    body = "\n".join(sections)
+    body = "\n".join(sections + deviations_section(suite))
     assert committed.endswith(body)
-    assert committed[:-len(body)].count("## ") == 0  # nothing but the header precedes the regenerated sections
+    verdicts = "\n".join(verdict_table(suite, tables))
+    assert verdicts and verdicts in committed  # the verdict table on top, from the same rows
+    assert committed[:-len(body)].count("## ") == 1  # nothing but the header and the verdicts precede the sections
     assert sum(len(rows) for rows in tables.values()) >= 40  # rows of methods with finished runs
+
+
+def test_claim_verdicts_follow_the_rows() -> None:
+    """A claim holds when the method beats every rival by more than the larger seed spread (and, for MSE with a
+    factor, by that ratio); partly when it beats some or falls short of the factor; a missing cell is 'not run yet';
+    a claim answered by another report points to it."""
+    from graphfed.report.bench import Claim, claim_verdict
+
+    def row(method: str, test: tuple[float, float] | None, metric: str = "accuracy") -> dict:
+        return {"method": method, "metric": metric, "test": test, "novel": None}
+
+    accuracy = {"d": [row("a", (0.90, 0.01)), row("b", (0.80, 0.02)), row("c", (0.895, 0.02))]}
+    assert claim_verdict(Claim(claim="a > b", dataset="d", better="a", than=["b"]), accuracy)[1] == "holds"
+    assert claim_verdict(Claim(claim="a > b, c", dataset="d", better="a", than=["b", "c"]),
+                         accuracy)[1] == "partly (beats b)"
+    assert claim_verdict(Claim(claim="c > a", dataset="d", better="c", than=["a"]), accuracy)[1] == "does not hold here"
+    assert claim_verdict(Claim(claim="a > e", dataset="d", better="a", than=["e"]), accuracy)[1] == "not run yet"
+    mse = {"m": [row("p", (0.01, 0.001), "mse"), row("f", (0.5, 0.01), "mse")]}
+    text, verdict = claim_verdict(Claim(claim="100x", dataset="m", better="p", than=["f"], factor=100), mse)
+    assert verdict == "partly (beats all, short of 100x)" and "f/p = 50x" in text
+    assert claim_verdict(Claim(claim="40x", dataset="m", better="p", than=["f"], factor=40), mse)[1] == "holds"
+    assert claim_verdict(Claim(claim="robust", see="../robustness/report.md"), mse)[1] == "see that report"
+    with pytest.raises(ValueError, match="give dataset, better and than"):
+        Claim(claim="vague")

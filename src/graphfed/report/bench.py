@@ -42,7 +42,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -110,6 +110,25 @@ class SuiteDataset(_Strict):
         return self
 
 
+class Claim(_Strict):
+    """A paper's headline claim, checked against the suite's own cells (or answered by another report)."""
+
+    claim: str = Field(description="the claim as the paper makes it")
+    source: str = ""
+    dataset: str | None = Field(default=None, description="the suite's dataset key whose table tests the claim")
+    better: str | None = Field(default=None, description="the method claimed to be better")
+    than: list[str] = Field(default_factory=list, description="the methods it is claimed to beat")
+    column: Literal["test", "novel"] = "test"
+    factor: float | None = Field(default=None, gt=1, description="MSE only: claimed ratio (theirs / ours), e.g. 100")
+    see: str | None = Field(default=None, description="instead of a cell: the report that answers the claim")
+
+    @model_validator(mode="after")
+    def _a_cell_or_a_report(self) -> Claim:
+        if self.see is None and (self.dataset is None or self.better is None or not self.than):
+            raise ValueError(f"claim {self.claim!r}: give dataset, better and than (or see: another report)")
+        return self
+
+
 class Suite(_Strict):
     name: str
     description: str = ""
@@ -118,11 +137,17 @@ class Suite(_Strict):
     datasets: dict[str, SuiteDataset] = Field(min_length=1)
     report: str = Field(default="report.md", description="file name of the report in --out (a suite whose own "
                         "script writes report.md, e.g. robustness.yaml, names another)")
+    claims: list[Claim] = Field(default_factory=list, description="the papers' claims: a verdict table on top")
+    deviations: dict[str, list[str]] = Field(default_factory=dict, description="per paper, every way this suite "
+                                             "differs from it, with the reason")
 
     @model_validator(mode="after")
     def _keys_are_folder_names(self) -> Suite:
         for key in self.datasets:
             check_safe_name(key, "dataset key")
+        for claim in self.claims:
+            if claim.dataset is not None and claim.dataset not in self.datasets:
+                raise ValueError(f"claim {claim.claim!r}: dataset {claim.dataset!r} is not a key of the suite")
         check_safe_name(self.report, "report file name")
         if not self.report.endswith(".md"):
             raise ValueError(f"report {self.report!r}: a markdown file name ending in .md")
@@ -394,6 +419,67 @@ def _previous_invocations(out: Path) -> list[dict[str, Any]]:
         return []
 
 
+def claim_verdict(claim: Claim, tables: dict[str, list[dict[str, Any]]]) -> tuple[str, str]:
+    """``(what the cells show, verdict)`` for one claim, from the report's rows (mean ± std over seeds).
+
+    ``better`` beats another method when its mean is better by more than the larger of the two seed spreads.
+    Holds: it beats every ``than`` (and, with ``factor``, by that ratio of MSE); partly: it beats some, or all but
+    short of the factor; does not hold here: it beats none; not run yet: a cell is missing."""
+    if claim.see is not None:
+        return f"answered in [{claim.see}]({claim.see})", "see that report"
+    rows = {row["method"]: row for row in tables.get(claim.dataset or "", [])}
+    needed = [claim.better, *claim.than]
+    missing = [m for m in needed if m not in rows or rows[m][claim.column] is None]
+    if missing:
+        return f"no {claim.column} score yet for {', '.join(missing)}", "not run yet"
+    mine = rows[claim.better]
+    higher = mine["metric"] == "accuracy"
+    beaten, shown, short_of_factor = [], [], False
+    for other in claim.than:
+        (a, sa), (b, sb) = mine[claim.column], rows[other][claim.column]
+        margin = max(sa, sb)
+        wins = a > b + margin if higher else a < b - margin
+        if wins:
+            beaten.append(other)
+        if claim.factor is not None and not higher:
+            ratio = b / a if a > 0 else float("inf")
+            short_of_factor |= ratio < claim.factor
+            shown.append(f"{other}/{claim.better} = {ratio:.2g}x")
+        else:
+            scale = 100 if higher else 1
+            shown.append(f"{claim.better} {scale * a:.4g} vs {other} {scale * b:.4g}")
+    text = f"`{claim.dataset}`, {claim.column}: " + "; ".join(shown)
+    if len(beaten) == len(claim.than) and not short_of_factor:
+        return text, "holds"
+    if beaten:
+        return text, "partly" + (f" (beats all, short of {claim.factor:g}x)" if len(beaten) == len(claim.than)
+                                 else f" (beats {', '.join(beaten)})")
+    return text, "does not hold here"
+
+
+def verdict_table(suite: Suite, tables: dict[str, list[dict[str, Any]]]) -> list[str]:
+    if not suite.claims:
+        return []
+    lines = ["## Verdicts", "",
+             "Each headline claim against this report's own cells (mean over seeds; a method beats another when its "
+             "mean is better by more than the larger seed spread). The budgets are smaller than the papers' (each "
+             "section states its own): a claim that does not hold here may hold at the papers' budget.", "",
+             "| claim | source | here | verdict |", "|---|---|---|---|"]
+    for claim in suite.claims:
+        text, verdict = claim_verdict(claim, tables)
+        lines.append(f"| {claim.claim} | {claim.source} | {text} | {verdict} |")
+    return [*lines, ""]
+
+
+def deviations_section(suite: Suite) -> list[str]:
+    if not suite.deviations:
+        return []
+    lines = ["## Deviations from the papers", ""]
+    for paper, items in suite.deviations.items():
+        lines += [f"**{paper}**", "", *(f"- {item}" for item in items), ""]
+    return lines
+
+
 def report_sections(suite: Suite, cells: list[Cell], results: dict[tuple[str, str], list[dict[str, Any]]],
                     out: Path, plots: bool = True) -> tuple[list[str], dict[str, list[dict[str, Any]]]]:
     """Each dataset's section of the report (its table, notes and plot) and its table rows."""
@@ -424,13 +510,14 @@ def write_report(suite: Suite, cells: list[Cell], results: dict[tuple[str, str],
     header = [f"# {suite.name}", ""]
     if suite.description:
         header += [suite.description.strip(), ""]
+    header += [*verdict_table(suite, tables)]
     header += ["Produced by these invocations, in order (each reuses the cells finished before it):", "", "```",
                *(item["command"] for item in invocations), "```", "",
                f"torch {env['torch']}, {env['cpu_count']} CPU(s), {env['platform']}. Time spent in cells run by "
                "each invocation: " + ", ".join(f"{item['seconds_in_new_cells']:.0f} s" for item in invocations) + ".",
                "", PROTOCOL, ""]
     report = out / suite.report
-    io.atomic_write_text(report, "\n".join(header + sections))
+    io.atomic_write_text(report, "\n".join(header + sections + deviations_section(suite)))
     payload = {"suite": suite.model_dump(mode="json"), "invocations": invocations, "environment": env,
                "tables": tables,
                "runs": {f"{key}/{method}": runs for (key, method), runs in results.items()}}
@@ -471,5 +558,5 @@ def finished_results(suite: Suite, out: Path) -> tuple[list[Cell], dict[tuple[st
     return cells, results
 
 
-__all__ = ["Cell", "PaperReference", "Suite", "finished_results", "load_suite", "report_sections", "run_cells",
-           "run_suite", "suite_cells", "write_report"]
+__all__ = ["Cell", "Claim", "PaperReference", "Suite", "claim_verdict", "deviations_section", "finished_results",
+           "load_suite", "report_sections", "run_cells", "run_suite", "suite_cells", "verdict_table", "write_report"]
