@@ -97,7 +97,7 @@ class SimpleTuning:
               seeds: Sequence[int]) -> torch.Tensor:
         """``[S, dim]`` the clients' ``weights`` with a re-initialised, retrained head."""
         spec = setting.spec
-        head = torch.cat([torch.arange(t.offset, t.offset + t.numel) for t in spec.tensors if t.name in setting.head])
+        head = spec.index_of(setting.head)
         weights = weights.clone()
         weights[:, head] = self.init_weights[head]
         training = replace(setting.training, steps=self.steps, lr=self.lr)

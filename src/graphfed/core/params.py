@@ -82,6 +82,10 @@ class ParamSpec:
         """Per layer, the slices of the flat vector it owns (tensors of a layer are contiguous)."""
         return [(layer, [t.slice for t in specs]) for layer, specs in self.layers.items()]
 
+    def index_of(self, names: tuple[str, ...] | list[str]) -> torch.Tensor:
+        """Flat coordinates of the tensors ``names`` (e.g. a model's head), in spec order."""
+        return torch.cat([torch.arange(t.offset, t.offset + t.numel) for t in self.tensors if t.name in names])
+
     def layer_index(self) -> torch.Tensor:
         """``[dim]`` long tensor: which layer (0..L-1) each flat coordinate belongs to."""
         index = torch.empty(self.dim, dtype=torch.long)

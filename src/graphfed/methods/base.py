@@ -55,7 +55,7 @@ class MethodContext:
 
     def head_index(self) -> torch.Tensor:
         """Flat coordinates of the head tensors, in spec order."""
-        return torch.cat([torch.arange(t.offset, t.offset + t.numel) for t in self.spec.tensors if t.name in self.head])
+        return self.spec.index_of(self.head)
 
 
 class Method(ABC):
