@@ -47,19 +47,23 @@ def _record(content: RecordDict, key: str, kind: type) -> Any:
     return record
 
 
-def checked_array(record: ArrayRecord, what: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """The one float32 array of ``record``: exactly ``shape``, finite."""
-    if len(record) != 1:
-        raise InvalidReply(f"{what}: {len(record)} arrays where one is expected")
-    array = next(iter(record.values()))
+def _checked(array: Any, what: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """One array of a reply as a tensor: float32, exactly ``shape``, finite."""
     if str(array.dtype) != "float32":
         raise InvalidReply(f"{what}: dtype {array.dtype}, float32 expected")
-    if tuple(array.shape) != shape:
-        raise InvalidReply(f"{what} of shape {tuple(array.shape)}, expected {shape}")
+    if tuple(array.shape) != tuple(shape):
+        raise InvalidReply(f"{what} of shape {tuple(array.shape)}, expected {tuple(shape)}")
     values = torch.from_numpy(np.array(array.numpy(), dtype=np.float32, copy=True))
     if not torch.isfinite(values).all():
         raise InvalidReply(f"{what}: non-finite (NaN/Inf) values")
     return values
+
+
+def checked_array(record: ArrayRecord, what: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """The one float32 array of ``record``: exactly ``shape``, finite."""
+    if len(record) != 1:
+        raise InvalidReply(f"{what}: {len(record)} arrays where one is expected")
+    return _checked(next(iter(record.values())), what, shape)
 
 
 def _number(metrics: MetricRecord, key: str) -> float:
@@ -155,18 +159,9 @@ def named_arrays(arrays: dict[str, torch.Tensor]) -> ArrayRecord:
 
 def record_named_arrays(record: ArrayRecord, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
     """The arrays of ``record``, exactly the names and shapes expected (``[1, *shape]`` each), float32, finite."""
-    dtypes = {name: array.dtype for name, array in record.items()}
-    if any(str(dtype) != "float32" for dtype in dtypes.values()):
-        raise InvalidReply(f"arrays of dtype {sorted(set(map(str, dtypes.values())))}, float32 expected")
-    arrays = record.to_torch_state_dict()
-    if set(arrays) != set(shapes):
-        raise InvalidReply(f"arrays {sorted(arrays)} where {sorted(shapes)} were expected")
-    for name, value in arrays.items():
-        if tuple(value.shape) != tuple(shapes[name]):
-            raise InvalidReply(f"array {name!r} of shape {tuple(value.shape)}, expected {tuple(shapes[name])}")
-        if not torch.isfinite(value).all():
-            raise InvalidReply(f"array {name!r} holds NaN/Inf")
-    return {name: value.to(torch.float32).unsqueeze(0) for name, value in arrays.items()}
+    if set(record.keys()) != set(shapes):
+        raise InvalidReply(f"arrays {sorted(record.keys())} where {sorted(shapes)} were expected")
+    return {name: _checked(array, f"array {name!r}", shapes[name]).unsqueeze(0) for name, array in record.items()}
 
 
 def feedback_seed(seed: int, round_index: int, client_id: int) -> dict[str, torch.Tensor]:
