@@ -91,6 +91,20 @@ def test_changed_config_reruns_the_cell(smoke_run: tuple[Path, list[str]], tmp_p
     assert io.read_summary(out / "runs" / "digits" / "local" / "seed0")["rounds"] == 5
 
 
+def test_runs_recorded_under_another_root_stay_finished(smoke_run: tuple[Path, list[str]], tmp_path: Path) -> None:
+    """Committed runs record the data's absolute path; a clone under another root (as CI makes) must not take
+    them for other configs and re-run or drop them from the report."""
+    out = tmp_path / "smoke"
+    shutil.copytree(smoke_run[0], out)
+    for config_file in (out / "runs").rglob(io.CONFIG):
+        config = yaml.safe_load(config_file.read_text())
+        config["dataset"]["data_dir"] = "/another/checkout/shared/data"
+        config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+    lines: list[str] = []
+    _, all_done = run_suite(SMOKE, out, in_process=True, echo=lines.append)
+    assert all_done and sum("done before, skipped" in line for line in lines) == 12
+
+
 def test_run_under_other_method_defaults_is_run_again(smoke_run: tuple[Path, list[str]], tmp_path: Path) -> None:
     """config.yaml keeps only the options that were set; the summary records all of them, so a run made
     before a method's default changed is not taken for a finished cell of the same config."""

@@ -126,6 +126,21 @@ def test_resume_with_a_changed_config_is_refused(make_config: ConfigFactory, tmp
         run_config(make_config("fedavg", "train.rounds=5", "train.lr=0.01"), tmp_path, resume=True, progress=False)
 
 
+def test_a_run_is_the_same_wherever_its_data_lies_but_a_federation_folder_keeps_its_name() -> None:
+    """``same_run`` (resume and bench both use it) ignores where the data lies, so a clone under another root keeps
+    its runs; a federation folder is the data itself, so another folder name is another run."""
+    from graphfed.config import same_run, validate_config
+
+    def config(name: str, data_dir: str | None) -> RunConfig:
+        return validate_config({"dataset": {"name": name, "data_dir": data_dir}})
+
+    assert same_run(config("tpt48", "/work/shared/data"), config("tpt48", "/check/work/shared/data"))
+    assert same_run(config("tpt48", "/work/shared/data"), config("tpt48", None))
+    assert same_run(config("folder", "/a/hospitals"), config("folder", "/b/hospitals"))
+    assert not same_run(config("folder", "/a/hospitals"), config("folder", "/a/vehicles"))
+    assert not same_run(config("tpt48", None), config("metr-la-week", None))
+
+
 def test_resume_without_a_checkpoint_is_refused(make_config: ConfigFactory, tmp_path: Path) -> None:
     """Resuming in a directory with no checkpoint names the missing file and says to drop --resume."""
     with pytest.raises(CheckpointError, match=r"no checkpoint at .*checkpoint\.pt.*without --resume"):

@@ -295,6 +295,20 @@ def validate_config(data: dict[str, Any]) -> RunConfig:
         raise ConfigError(_first_error(err)) from None
 
 
+def same_run(recorded: RunConfig, config: RunConfig) -> bool:
+    """Whether a run recorded with ``recorded`` (a checkpoint's or a run directory's config) is a run of ``config``.
+
+    The data's location is not part of a run: a checkout or data folder moved to another machine (CI clones under
+    another root) keeps its runs and checkpoints. A federation folder (``dataset.name: folder``) must keep its name."""
+    return _location_free(recorded) == _location_free(config)
+
+
+def _location_free(config: RunConfig) -> RunConfig:
+    data_dir = config.dataset.data_dir
+    kept = Path(data_dir).name if config.dataset.name == "folder" and data_dir else None
+    return config.model_copy(update={"dataset": config.dataset.model_copy(update={"data_dir": kept})})
+
+
 #: sections written out only when they differ from their defaults: a run without an attack reads (and compares, on
 #: resume) exactly as it did before these sections existed
 OPTIONAL_SECTIONS = ("attack", "defense")

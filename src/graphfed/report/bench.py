@@ -47,7 +47,15 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from graphfed.config import ConfigError, RunConfig, dump_config, load_config, read_yaml_mapping, validate_config
+from graphfed.config import (
+    ConfigError,
+    RunConfig,
+    dump_config,
+    load_config,
+    read_yaml_mapping,
+    same_run,
+    validate_config,
+)
 from graphfed.methods import parse_options
 from graphfed.report.plots import plot_comparison
 from graphfed.report.tables import compare_rows, metric_note, row_cells
@@ -233,9 +241,10 @@ def suite_cells(suite: Suite, datasets: list[str] | None = None, methods: list[s
 # ---- running -------------------------------------------------------------------------------------------
 def _same_config(directory: Path, config: RunConfig) -> bool:
     """Whether ``directory`` ran ``config``. Compared after validation, so a config.yaml written before a new
-    field with a default existed still matches."""
+    field with a default existed still matches; the data's location is not compared (``same_run``), so committed
+    results stay finished in a clone under another root."""
     try:
-        return load_config(directory / io.CONFIG) == config
+        return same_run(load_config(directory / io.CONFIG), config)
     except (ConfigError, OSError):
         return False
 

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from graphfed.attacks import Attack, build_attack
 from graphfed.attacks.defenses import SimpleTuning
-from graphfed.config import ConfigError, RunConfig, dump_config, validate_config
+from graphfed.config import ConfigError, RunConfig, dump_config, same_run, validate_config
 from graphfed.core import rng
 from graphfed.core.params import ParamSpec
 from graphfed.data import build_federation
@@ -410,11 +410,12 @@ class Simulator:
 
     def _same_config(self, text: str) -> bool:
         """Whether a checkpoint's config is this run's. Compared after validation, so a checkpoint written before a
-        new field with a default existed still resumes (its text lacks the field)."""
+        new field with a default existed still resumes (its text lacks the field), and data that moved still
+        resumes (``same_run``)."""
         if text == dump_config(self.config):
             return True
         try:
-            return validate_config(yaml.safe_load(text)) == self.config
+            return same_run(validate_config(yaml.safe_load(text)), self.config)
         except (ConfigError, yaml.YAMLError, RecursionError):
             return False
 
