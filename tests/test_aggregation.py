@@ -119,6 +119,19 @@ def test_fedaghn_ablation_options(make_config: ConfigFactory) -> None:
     torch.testing.assert_close(diagonal, diagonal[:1].expand_as(diagonal))
 
 
+def test_fedaghn_client_step_scale_moves_each_clients_p_s_times_as_far(make_config: ConfigFactory) -> None:
+    """p_i is client i's alone: ``step_scale: client`` gives it client i's full hypergradient step, ``mean`` (the
+    default) the same step divided by the S clients of the round."""
+    steps = {}
+    for scale in ("mean", "client"):
+        simulator = _fedaghn_after_rounds(make_config, 1, f"method.options={{step_scale: {scale}, init_p: 0.5, server_lr: 5.0}}")
+        before = simulator.setup.method.self_strength.detach().clone()
+        simulator.run_round(1)
+        steps[scale] = simulator.setup.method.self_strength.detach() - before
+    assert float(steps["mean"].abs().min()) > 1e-5  # well above float32 resolution at p = 0.5 (6e-8)
+    torch.testing.assert_close(steps["client"], 12 * steps["mean"], rtol=1e-3, atol=1e-6)  # S = 12 per round
+
+
 @pytest.mark.parametrize("sign", ["descent", "released"])
 def test_fedaghn_hypergradient_sign_moves_p_as_documented(make_config: ConfigFactory, sign: str) -> None:
     """Toy check: when the client's delta says 'move towards your own old model' (delta = sent - own

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -148,3 +150,47 @@ def test_paper_gat_layer_gives_every_client_the_same_weights(make_config: Config
     own_group = attention[same].view(12, 6).sum(1)
     assert own_group.max() < 0.55
     assert (attention - attention[:1]).abs().max() < 1e-4
+
+
+def test_uniform_ablation_averages_the_trained_clients_and_asks_no_feedback(make_config: ConfigFactory) -> None:
+    """``attention: uniform`` is pFedGAT without the GAT: each client receives the plain mean of the latest models
+    of the clients that trained, and uploads only its update (no feedback, so no bytes for it)."""
+    simulator = _after_rounds(make_config, 2, "method.options={attention: uniform}", "train.clients_per_round=6")
+    method: PFedGAT = simulator.setup.method  # type: ignore[assignment]
+    assert method.client_feedback == "none" and not hasattr(method, "gat")
+    trained = method.has_trained  # the clients sampled in the two rounds
+    sent = method.personalize(torch.arange(12)).detach()
+    expected = method.client_weights[trained].mean(dim=0)
+    torch.testing.assert_close(sent, expected.expand(12, -1), atol=1e-6, rtol=1e-5)
+    one_round = _after_rounds(make_config, 1, "method.options={attention: uniform}")
+    assert one_round.tracker.bytes_up == 12 * one_round.setup.spec.dim * 4
+
+
+def test_late_clients_are_never_sampled_before_they_join(make_config: ConfigFactory, tmp_path: Path) -> None:
+    """pFedGAT Sec. 5.3: 3 of 12 clients join at round 7 of 10. Before that no round samples them; afterwards
+    they train, and the summary names them and scores them at the last round."""
+    config = make_config("pfedgat", SMALL, "train.late_clients=3", "train.join_round=7")
+    simulator = Simulator(config, tmp_path, progress=False)
+    late = simulator.late_ids
+    assert len(late) == 3
+    early_rounds = torch.cat([simulator.sample_clients(r) for r in range(6)])
+    assert not torch.isin(early_rounds, late).any() and len(early_rounds) == 6 * 4
+    later_rounds = torch.cat([simulator.sample_clients(r) for r in range(6, 60)])
+    assert torch.isin(late, later_rounds).all()
+    summary = simulator.run()
+    names = simulator.setup.federation.client_names
+    assert summary["late_clients"] == [names[int(i)] for i in late] and summary["join_round"] == 7
+    assert 0.0 <= summary["late_test_final"] <= 1.0
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["train.late_clients=2", "train.join_round=1"], "late clients must join after round 1"),
+    (["train.late_clients=2", "train.join_round=11"], "by the last round"),
+    (["train.late_clients=12", "train.join_round=5"], "at least one must train from round 1"),
+])
+def test_late_clients_misconfigured_is_a_clear_error(make_config: ConfigFactory, overrides: list[str],
+                                                      message: str) -> None:
+    from graphfed.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        Simulator(make_config("fedavg", *overrides), progress=False)

@@ -135,6 +135,16 @@ class TrainConfig(_Strict):
     eval_every: int = Field(default=10, ge=1)
     checkpoint_every: int = Field(default=50, ge=1)
     novel_adapt_rounds: int = Field(default=20, ge=0, description="embedding-only adaptation rounds")
+    late_clients: int = Field(default=0, ge=0, description="clients that join late (pFedGAT Sec. 5.3): this many "
+                              "training clients, drawn from the seed, are sampled only from round join_round on")
+    join_round: int = Field(default=1, ge=1, description="late_clients: the first round (1-based) that samples them")
+
+    @model_validator(mode="after")
+    def _late_clients_join_during_the_run(self) -> TrainConfig:
+        if self.late_clients and not 1 < self.join_round <= self.rounds:
+            raise ValueError(f"train.join_round: late clients must join after round 1 and by the last round "
+                             f"({self.rounds}); got {self.join_round}")
+        return self
 
 
 class FlowerConfig(_Strict):

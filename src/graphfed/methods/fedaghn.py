@@ -9,6 +9,12 @@ projected back to p >= 0 after each step. (Clamping inside the forward pass, as 
 p that crossed 0 zero gradient for ever: it could never come back.)
 ``hypergrad_sign: released`` reproduces the released code's opposite sign, for comparison only.
 
+Step size. p_i and q_i belong to client i alone, so only client i's delta reaches them. ``step_scale: mean``
+(the default, kept so earlier results stand) divides the round's hypergradient by the S clients of the round, as
+for parameters every client shares: each p_i then moves S times less than a per-client update (the official code
+steps per client) would move it, and over 30 rounds of 20 clients the self weight p/(1+p) barely leaves its start.
+``step_scale: client`` gives each client's p and q its full step (benchmarks/fedaghn_self_weight.py measures both).
+
 The paper's ablation (Appendix D.1, Table 1) is three options: ``p`` and ``q`` each ``learned`` (default),
 ``frozen`` at their initial value, or ``absent`` (no self term, p = 0; plain softmax of the cosines, q = 1), and
 ``layerwise: false`` for one p and q per client shared by all layers.
@@ -42,6 +48,10 @@ class FedAGHNOptions(MethodOptions):
                                                       "frozen at init_q, or absent (q = 1)")
     layerwise: bool = Field(default=True, description="one p and q per client and layer (false: per client, shared "
                                                        "by all layers)")
+    step_scale: Literal["mean", "client"] = Field(default="mean", description="mean: the hypergradient is averaged "
+                                                  "over the round's clients, so each client's own p and q step 1/S as "
+                                                  "far; client: each client's p and q take its full step, as a "
+                                                  "per-client update does (see the module docstring)")
 
 
 class FedAGHN(PersonalizedAggregation):
@@ -82,8 +92,8 @@ class FedAGHN(PersonalizedAggregation):
                metrics: dict[str, torch.Tensor]) -> None:
         if self.rounds_seen > 0 and self.learns:  # round 0 is uniform: p and q played no part in what was sent
             regenerated = self.personalize(client_ids)
-            hypergradient_step(self.optimizer, regenerated, delta / len(client_ids),
-                               sign=self.options.hypergrad_sign)
+            scale = len(client_ids) if self.options.step_scale == "mean" else 1
+            hypergradient_step(self.optimizer, regenerated, delta / scale, sign=self.options.hypergrad_sign)
             with torch.no_grad():  # projection onto p >= 0 (a clamp in the forward pass would freeze p at 0)
                 self.self_strength.clamp_(min=0.0)
         self.record_updates(client_ids, sent, delta)

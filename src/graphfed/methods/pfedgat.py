@@ -29,7 +29,8 @@ so that the score depends on the pair. They also set ``node_features: centred``,
 mean_j theta_j), which is what sets client i apart; at round 0 every h_i is zero and R is uniform.
 ``attention: gat, node_features: model`` is the paper's literal layer, with the paper's SGD at lr 0.01. On the
 case-study split the defaults give same-group clients 0.146 each against 0.026 for other groups; under an IID
-split R stays within 0.4/N of uniform (benchmarks/results/aggregation).
+split R stays within 0.4/N of uniform (benchmarks/results/aggregation). ``attention: uniform`` is the ablation
+"without the GAT": every row of R is 1/N over the clients that have trained, and clients send no feedback.
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ ATTENTION_EDGES_PER_CHUNK = 500_000
 class PFedGATOptions(MethodOptions):
     heads: int = Field(default=8, ge=1, description="attention heads K; R is their mean")
     head_dim: int = Field(default=16, ge=1, description="d' of each attention head")
-    attention: Literal["gat", "gatv2"] = Field(
-        default="gatv2", description="gatv2: dynamic attention (Brody et al. 2022); gat: the paper's layer (static)")
+    attention: Literal["gat", "gatv2", "uniform"] = Field(
+        default="gatv2", description="gatv2: dynamic attention (Brody et al. 2022); gat: the paper's layer (static); "
+                                     "uniform: the ablation without the GAT, R = 1/N and no feedback")
     node_features: Literal["centred", "model"] = Field(
         default="centred",
         description="centred: LayerNorm(theta_i - mean_j theta_j); model: LayerNorm(theta_i), the paper")
@@ -73,6 +75,8 @@ class PFedGAT(PersonalizedAggregation):
     def __init__(self, context: MethodContext, options: PFedGATOptions) -> None:
         super().__init__(context, options)
         self.options: PFedGATOptions = options
+        if options.attention == "uniform":  # the ablation: nothing to learn, so no GAT and no client feedback
+            return
         dim = context.spec.dim
         self.norm = nn.LayerNorm(dim)
         from torch_geometric.nn import GATConv, GATv2Conv  # imported only where a GAT is built (slow import)
@@ -92,6 +96,8 @@ class PFedGAT(PersonalizedAggregation):
         a chunk of clients at a time (edges j -> i for i in the chunk, all j, self loop included): memory is
         O(N x chunk x heads), never the N^2 x heads of the complete graph at once."""
         n = self.context.num_clients
+        if self.options.attention == "uniform":
+            return torch.full((len(client_ids), n), 1.0 / n)
         models = self.client_weights
         if self.options.node_features == "centred":
             models = models - models.mean(dim=0)
@@ -112,9 +118,13 @@ class PFedGAT(PersonalizedAggregation):
 
     def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
                metrics: dict[str, torch.Tensor]) -> None:
+        if self.options.attention != "uniform":
+            self._learn_attention(client_ids, metrics)
+        self.record_updates(client_ids, sent, delta)
+
+    def _learn_attention(self, client_ids: torch.Tensor, metrics: dict[str, torch.Tensor]) -> None:
         gradient = self._validation_gradient(metrics)
         hypergradient_step(self.optimizer, self.personalize(client_ids), gradient / len(client_ids))
-        self.record_updates(client_ids, sent, delta)
 
     def _validation_gradient(self, metrics: dict[str, torch.Tensor]) -> torch.Tensor:
         feedback = metrics["feedback"]

@@ -58,7 +58,7 @@ from graphfed.config import (
 )
 from graphfed.methods import parse_options
 from graphfed.report.plots import plot_comparison
-from graphfed.report.tables import compare_rows, metric_note, row_cells
+from graphfed.report.tables import compare_rows, format_value, metric_note, row_cells
 from graphfed.report.tables import headers as table_headers
 from graphfed.sim import checkpoint as io
 
@@ -83,10 +83,18 @@ class PaperReference(_Strict):
 
 
 class Variant(_Strict):
-    """A method under its own label with fixed options, e.g. ``fedaghn-released``."""
+    """A method under its own label with fixed options, e.g. ``fedaghn-released``, and optionally its own run
+    settings merged over the dataset's (an ablation of K_c is ``config: {train: {local_steps: 1}}``)."""
 
     method: str
     options: dict[str, Any] = Field(default_factory=dict)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _method_is_named_once(self) -> Variant:
+        if "method" in self.config or "seed" in self.config:
+            raise ValueError("a variant's config cannot set method or seed: use its method and options")
+        return self
 
 
 #: Names that become folder names (suite dataset keys, method labels): no separators, no leading dot, no
@@ -126,7 +134,7 @@ class Claim(_Strict):
     dataset: str | None = Field(default=None, description="the suite's dataset key whose table tests the claim")
     better: str | None = Field(default=None, description="the method claimed to be better")
     than: list[str] = Field(default_factory=list, description="the methods it is claimed to beat")
-    column: Literal["test", "novel"] = "test"
+    column: Literal["test", "novel", "late"] = "test"
     factor: float | None = Field(default=None, gt=1, description="MSE only: claimed ratio (theirs / ours), e.g. 100")
     see: str | None = Field(default=None, description="instead of a cell: the report that answers the claim")
 
@@ -226,7 +234,8 @@ def suite_cells(suite: Suite, datasets: list[str] | None = None, methods: list[s
             if methods and method not in methods:
                 continue
             variant = entry.variants.get(method) or Variant(method=method, options=entry.method_options.get(method, {}))
-            data = _deep_merge(shared, {"method": {"name": variant.method, "options": variant.options}})
+            data = _deep_merge(_deep_merge(shared, variant.config),
+                               {"method": {"name": variant.method, "options": variant.options}})
             first_seed = int(data.get("seed", 0))
             for k in range(seeds or entry.seeds or suite.seeds):
                 data["seed"] = first_seed + k
@@ -372,10 +381,12 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
     not_run = [method for method in methods if not completed[method] and not failed[method]]
     rows = compare_rows({method: runs for method, runs in completed.items() if runs})
     with_mae = any(row["mae_original_units"] for row in rows)  # regression with a known target scale
-    config = own[0].config
+    with_late = any(row["late"] for row in rows)  # clients that joined late (train.late_clients)
+    own_settings = {label: variant.config for label, variant in entry.variants.items() if variant.config}
+    config = next((cell.config for cell in own if cell.method not in own_settings), own[0].config)
     train = config.train
     headers = [*table_headers(config_metric(rows)), *EXTRA_HEADERS, *(["MAE, data units"] if with_mae else []),
-               *(reference.label for reference in entry.paper)]
+               *(["late joiners, last round"] if with_late else []), *(reference.label for reference in entry.paper)]
     lines = [f"## {entry.title or key}", ""]
     if entry.description:
         lines += [entry.description, ""]
@@ -385,12 +396,18 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
               f"{train.clients_per_round} clients per round, {train.local_steps} local steps of batch "
               f"{train.batch_size} at lr {train.lr}; evaluation every {train.eval_every} rounds; seeds "
               f"{', '.join(map(str, seeds))}. {metric_note(config_metric(rows))}", ""]
+    if own_settings:
+        lines += ["Rows with their own settings (the rest as above): " + "; ".join(
+            f"`{label}` {', '.join(f'{name}={value}' for name, value in _flatten(settings))}"
+            for label, settings in own_settings.items()) + ".", ""]
     lines += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for row in rows:
         rss = "—" if row["peak_rss_mb"] is None else f"{row['peak_rss_mb']:.0f}"
         mae = row["mae_original_units"]
         mae_cells = ([] if not with_mae else ["—" if mae is None else f"{mae[0]:.3f} ± {mae[1]:.3f}"])
-        lines.append("| " + " | ".join([*row_cells(row), rss, *mae_cells, *_paper_cells(entry, row["method"])]) + " |")
+        late_cells = [format_value(row["late"], row["metric"])] if with_late else []
+        lines.append("| " + " | ".join([*row_cells(row), rss, *mae_cells, *late_cells,
+                                         *_paper_cells(entry, row["method"])]) + " |")
     missing = [f"`{method}`: {'; '.join(statuses)}" for method, statuses in failed.items() if statuses]
     if missing:
         lines += ["", "Not completed (left out of the table): " + " — ".join(missing)]
@@ -487,6 +504,17 @@ def deviations_section(suite: Suite) -> list[str]:
     for paper, items in suite.deviations.items():
         lines += [f"**{paper}**", "", *(f"- {item}" for item in items), ""]
     return lines
+
+
+def _flatten(settings: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """``{train: {local_steps: 1}}`` -> ``[("train.local_steps", 1)]``."""
+    items: list[tuple[str, Any]] = []
+    for name, value in settings.items():
+        if isinstance(value, dict):
+            items += _flatten(value, f"{prefix}{name}.")
+        else:
+            items.append((f"{prefix}{name}", value))
+    return items
 
 
 def report_sections(suite: Suite, cells: list[Cell], results: dict[tuple[str, str], list[dict[str, Any]]],

@@ -68,6 +68,8 @@ def compare_rows(summaries: dict[str, list[dict[str, Any]]]) -> list[dict[str, A
             "mb_up": statistics.fmean(r["bytes_up"] for r in runs) / 1e6,
             # regression with a known target scale only; runs written before these fields existed lack them
             "mae_original_units": _mean_std([r.get("test_mae_original_units") for r in runs]),
+            # runs with clients that joined late (train.late_clients): their score at the last round
+            "late": _mean_std([r.get("late_test_final") for r in runs]),
             "peak_rss_mb": max((r["peak_rss_mb"] for r in runs if r.get("peak_rss_mb") is not None), default=None),
         })
     return rows

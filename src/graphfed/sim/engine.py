@@ -242,11 +242,24 @@ class Simulator:
         if self.clients_per_round < config.train.clients_per_round:
             log.warning("train.clients_per_round is %d but only %d clients train; each round samples all %d",
                         config.train.clients_per_round, self.num_train_clients, self.clients_per_round)
+        self.late_ids = self._draw_late_clients()
+
+    def _draw_late_clients(self) -> torch.Tensor:
+        """The training clients that join at ``train.join_round`` (pFedGAT's new-client study), drawn from the seed."""
+        train_ids, count = self.setup.federation.train_client_ids, self.config.train.late_clients
+        if count >= len(train_ids):
+            raise ConfigError(f"train.late_clients: {count} of {len(train_ids)} training clients would join late; "
+                              f"at least one must train from round 1")
+        order = torch.randperm(len(train_ids), generator=rng.generator(self.config.seed, 0, "late_clients"))
+        return train_ids[order[:count]].sort().values
 
     # ---- pieces of a round ----------------------------------------------------------------------------
     def sample_clients(self, round_index: int) -> torch.Tensor:
         train_ids = self.setup.federation.train_client_ids
         per_round = self.clients_per_round
+        if round_index + 1 < self.config.train.join_round:  # late clients are not there yet
+            train_ids = train_ids[~torch.isin(train_ids, self.late_ids)]
+            per_round = min(per_round, len(train_ids))
         order = torch.randperm(len(train_ids), generator=rng.generator(self.config.seed, round_index, "sampling"))
         return train_ids[order[:per_round]].sort().values
 
@@ -323,6 +336,8 @@ class Simulator:
             record["test_by_architecture"] = {
                 name: _mean_std(test.metric[family.assignment[train_ids] == arch])[0]
                 for arch, name in enumerate(family.names)}
+        if len(self.late_ids):  # clients that joined late, on the training clients' protocol
+            record["late_test_mean"] = _mean_std(scores["test"].select(self.late_ids).metric)[0]
         record["novel_mean"] = record["novel_std"] = None
         if len(novel_ids) and type(self.setup.method).no_novel_model is None:
             novel = scores["test"].select(novel_ids)
@@ -438,6 +453,9 @@ class Simulator:
         for note in method.notes:
             log.info(note)
         self._announce_novel_clients()
+        if len(self.late_ids):
+            log.info("late clients (sampled from round %d): %s", cfg.train.join_round,
+                     ", ".join(fed.client_names[int(i)] for i in self.late_ids))
         attack = self.setup.clients.attack
         if attack.active:
             names = attack.describe(fed.client_names)["malicious_clients"]
@@ -546,6 +564,9 @@ class Simulator:
             "clients_per_round": self.clients_per_round,
             "num_novel_clients": len(fed.novel_client_ids), "num_params": self.setup.spec.dim,
             "novel_clients": [fed.client_names[int(i)] for i in fed.novel_client_ids],
+            **({"late_clients": [fed.client_names[int(i)] for i in self.late_ids], "join_round": cfg.train.join_round,
+                "late_test_mean": best.get("late_test_mean"), "late_test_final": last.get("late_test_mean")}
+               if len(self.late_ids) else {}),
             "client_graph": self._graph_record(),
             "wall_seconds": round(self.tracker.elapsed, 3),
             "bytes_up": self.tracker.bytes_up, "bytes_down": self.tracker.bytes_down,
