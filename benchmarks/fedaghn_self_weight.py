@@ -52,9 +52,10 @@ def trace(options: dict[str, Any], rounds: int) -> dict[str, Any]:
         self_weight.append(float((after / (1 + after)).mean()))
         p_change.append(float((after - before).abs().mean()))
     final = simulator.evaluate(rounds - 1)
+    p = method.self_strength.detach()
     return {"options": options, "self_weight": self_weight, "mean_abs_p_change": p_change,
-            "test_mean_last_round": final["test_mean"], "p_final_mean": float(method.self_strength.mean()),
-            "p_final_range": [float(method.self_strength.min()), float(method.self_strength.max())]}
+            "test_mean_last_round": final["test_mean"], "p_final_mean": float(p.mean()),
+            "p_final_range": [float(p.min()), float(p.max())]}
 
 
 def report(results: dict[str, dict[str, Any]], rounds: int) -> str:
