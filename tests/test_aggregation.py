@@ -124,7 +124,8 @@ def test_fedaghn_client_step_scale_moves_each_clients_p_s_times_as_far(make_conf
     default) the same step divided by the S clients of the round."""
     steps = {}
     for scale in ("mean", "client"):
-        simulator = _fedaghn_after_rounds(make_config, 1, f"method.options={{step_scale: {scale}, init_p: 0.5, server_lr: 5.0}}")
+        options = f"method.options={{step_scale: {scale}, init_p: 0.5, server_lr: 5.0}}"
+        simulator = _fedaghn_after_rounds(make_config, 1, options)
         before = simulator.setup.method.self_strength.detach().clone()
         simulator.run_round(1)
         steps[scale] = simulator.setup.method.self_strength.detach() - before

@@ -259,7 +259,8 @@ def test_paper_suite_is_valid_and_covers_the_issue_grid() -> None:
     assert {"local", "fedavg", "fedprox", "sfl", "cfl", "per-fedavg", "pfedme", "fedamp", "pfedhn", "fedrod",
             "knn-per", "fedah", "pfedgat"} <= table1
     ablation = {(c.config.method.options.get("p", "learned"), c.config.method.options.get("q", "learned"),
-                 c.config.method.options.get("layerwise", True)) for c in cells if c.dataset == "cifar10-fedaghn-ablation"}
+                 c.config.method.options.get("layerwise", True))
+                for c in cells if c.dataset == "cifar10-fedaghn-ablation"}
     assert ablation == {("learned", "learned", True), ("absent", "absent", True), ("frozen", "frozen", True),
                         ("absent", "learned", True), ("learned", "absent", True), ("learned", "learned", False)}
     steps = {(c.config.train.local_steps, c.config.method.options.get("server_steps", 10))
