@@ -60,18 +60,16 @@ def _client_groups(config: RunConfig) -> np.ndarray:
     return groups.numpy()
 
 
-def grouped_section(cells: list[Cell], out: Path) -> tuple[list[str], list[str]]:
+def grouped_section(cells: list[Cell], out: Path, groups_by_seed: dict[int, np.ndarray]
+                    ) -> tuple[list[str], list[str]]:
     """Self / Similar / Other table of every method on the grouped split; (markdown lines, failed checks)."""
     lines = ["| method | seed | round | Self | Similar (same group) | Other (other groups) | Similar > Other | "
              "rows alike: max abs(W_i - W_1) |", "|---|---|---|---|---|---|---|---|"]
     failures, pictures = [], []
-    groups_by_seed: dict[int, np.ndarray] = {}
     for cell in cells:
         run_dir = cell.directory(out)
         last_round, _, matrices = _last_graph(run_dir)
         seed = cell.config.seed
-        if seed not in groups_by_seed:
-            groups_by_seed[seed] = _client_groups(cell.config)
         weights = group_weights(matrices, groups_by_seed[seed])
         ok = weights.similar > weights.other
         if not ok and cell.method in CHECKED:
@@ -87,14 +85,14 @@ def grouped_section(cells: list[Cell], out: Path) -> tuple[list[str], list[str]]
 DEPTHS = {"all layers": slice(None), "shallow (first layer)": slice(0, 1), "deep (last layer)": slice(-1, None)}
 
 
-def depth_section(cells: list[Cell], out: Path) -> list[str]:
+def depth_section(cells: list[Cell], out: Path, groups_by_seed: dict[int, np.ndarray]) -> list[str]:
     """FedAGHN's Table 4 layout: Self / Similar / Other for all, shallow and deep layers at four stages of training
     (the first saved round, one third, two thirds, the last), from each run's saved graphs."""
     lines: list[str] = []
     for cell in cells:
         saved = io.load_graphs(cell.directory(out))
         stages = [saved[i] for i in sorted({0, len(saved) // 3, 2 * len(saved) // 3, len(saved) - 1})]
-        groups = _client_groups(cell.config)
+        groups = groups_by_seed[cell.config.seed]
         lines += [f"**{cell.method}, seed {cell.config.seed}**", "",
                   "| layers | weight | " + " | ".join(f"round {round_}" for round_, _, _ in stages) + " |",
                   "|---|---|" + "---|" * len(stages)]
@@ -138,9 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"some runs did not complete; see {report}", file=sys.stderr)
         return 1
     cells = suite_cells(load_suite(args.suite))
-    grouped, grouped_failures = grouped_section([c for c in cells if c.dataset == GROUPED], args.out)
+    grouped_cells = [c for c in cells if c.dataset == GROUPED]
+    # the case-study federation is built once per seed (it loads Fashion-MNIST) and read by both sections
+    groups_by_seed = {seed: _client_groups(next(c.config for c in grouped_cells if c.config.seed == seed))
+                      for seed in sorted({c.config.seed for c in grouped_cells})}
+    grouped, grouped_failures = grouped_section(grouped_cells, args.out, groups_by_seed)
     iid, iid_failures = iid_section([c for c in cells if c.dataset == IID], args.out)
-    depth = depth_section([c for c in cells if c.dataset == GROUPED and c.method == "fedaghn"], args.out)
+    depth = depth_section([c for c in grouped_cells if c.method == "fedaghn"], args.out, groups_by_seed)
     failures = grouped_failures + iid_failures
     section = ["## Collaboration graphs", "",
                "Read from each run's last saved `graphs/round_XXXX.npz` (row i: the weights client i's personalised "
