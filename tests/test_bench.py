@@ -253,8 +253,12 @@ def test_paper_suite_is_valid_and_covers_the_issue_grid() -> None:
     # ablation, Panacea's K_c / K_s sweep, pFedGAT without the GAT and with late joiners
     partitions = {(c.config.dataset.name, c.config.dataset.partition, c.config.dataset.dirichlet_beta) for c in cells}
     assert {("fashion-mnist", "iid", 0.5), ("fashion-mnist", "pathological", 0.5), ("fashion-mnist", "dirichlet", 0.5),
-            ("cifar10", "pathological", 0.5), ("cifar10", "dirichlet", 0.1),
+            ("cifar10", "pathological", 0.5), ("cifar10", "dirichlet", 0.1), ("cifar10", "dirichlet", 0.2),
             ("cifar10", "dirichlet", 0.5)} <= partitions
+    fedaghn_table1 = {"local", "fedavg", "fedavg-ft", "fedprox", "fedprox-ft", "ditto", "fedrep", "pfedhn", "fedcp",
+                      "fedpac", "cfl", "fedamp", "h-fedamp", "pfedla", "fedala", "fedaghn"}
+    for key in ("cifar10-dir0.1", "cifar10-pathological"):
+        assert fedaghn_table1 <= {c.method for c in cells if c.dataset == key}, key
     table1 = {c.method for c in cells if c.dataset == "fashion-mnist-dir0.5"}
     assert {"local", "fedavg", "fedprox", "sfl", "cfl", "per-fedavg", "pfedme", "fedamp", "pfedhn", "fedrod",
             "knn-per", "fedah", "pfedgat"} <= table1

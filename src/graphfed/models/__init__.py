@@ -66,8 +66,9 @@ MODELS: dict[str, tuple[Callable[..., TargetModel], str]] = {
                     "(options: arch=arch0, width=8)"),
     "cnn-bn": (_cnn_bn, "FedAGHN's 4-layer CNN: 2x (5x5 conv, batch-statistics BN, ReLU, pool) + 2 linear layers "
                "(options: channels=32, hidden=512, kernel_size=5)"),
-    "lenet": (_lenet, "LeNet-style CNN of pFedHN/pFedGAT on CIFAR: 2x (5x5 conv, ReLU, 2x2 max-pool) + 3 linear "
-              "layers, images >= 16x16 (options: channels=16, channels2=2*channels, hidden=120, hidden2=84)"),
+    "lenet": (_lenet, "LeNet-style CNN of pFedHN on CIFAR (pFedGAT uses 3 conv + 3 FC): 2x (5x5 conv, ReLU, "
+              "2x2 max-pool) + 3 linear layers, images >= 16x16 (options: channels=16, channels2=2*channels, "
+              "hidden=120, hidden2=84)"),
     "gru": (_gru, "1-layer GRU over the input steps + linear head to all output steps, for series regression "
             "(metr-la-week: 32,112 parameters at hidden=100; options: hidden=100)"),
 }
