@@ -257,7 +257,7 @@ def test_paper_suite_is_valid_and_covers_the_issue_grid() -> None:
             ("cifar10", "dirichlet", 0.5)} <= partitions
     fedaghn_table1 = {"local", "fedavg", "fedavg-ft", "fedprox", "fedprox-ft", "ditto", "fedrep", "pfedhn", "fedcp",
                       "fedpac", "cfl", "fedamp", "h-fedamp", "pfedla", "fedala", "fedaghn"}
-    for key in ("cifar10-dir0.1", "cifar10-pathological"):
+    for key in ("cifar10-dir0.1", "cifar10-pathological", "cifar10-dir0.2", "cifar10-dir0.5"):  # Tables 1 and 2
         assert fedaghn_table1 <= {c.method for c in cells if c.dataset == key}, key
     table1 = {c.method for c in cells if c.dataset == "fashion-mnist-dir0.5"}
     assert {"local", "fedavg", "fedprox", "sfl", "cfl", "per-fedavg", "pfedme", "fedamp", "pfedhn", "fedrod",
