@@ -166,8 +166,8 @@ def test_variant_settings_and_late_joiners_reach_the_cells_and_the_report(tmp_pa
     suite.write_text(yaml.safe_dump({
         "name": "variants", "seeds": 1,
         "base": {"train": {"rounds": 3, "local_steps": 4, "eval_every": 3, "late_clients": 2, "join_round": 3}},
-        "claims": [{"claim": "late joiners", "dataset": "fln", "better": "fedavg", "than": ["local-k1"],
-                    "column": "late"}],
+        "claims": [{"claim": "late joiners", "seed_file": "002", "table": "Fig. 4", "dataset": "fln",
+                    "better": "fedavg", "than": ["local-k1"], "column": "late"}],
         "datasets": {"fln": {"config": {"dataset": {"name": "fln", "num_clients": 6}},
                              "methods": ["fedavg", "local-k1"],
                              "variants": {"local-k1": {"method": "local", "config": {"train": {"local_steps": 1}}}}}},
@@ -181,7 +181,7 @@ def test_variant_settings_and_late_joiners_reach_the_cells_and_the_report(tmp_pa
     header = next(line for line in text.splitlines() if line.startswith("| method |"))
     assert header.split(" | ")[-1] == "late joiners, last round |"
     summary = io.read_summary(tmp_path / "out" / "runs" / "fln" / "fedavg" / "seed0")
-    late_cell = f"{100 * summary['late_test_final']:.2f} ± 0.00"
+    late_cell = f"{100 * summary['late_test_final']:.2f} (n=1)"
     assert next(line for line in text.splitlines() if line.startswith("| fedavg |")).endswith(f"| {late_cell} |")
     assert "| late joiners |" in text and "`fln`, late:" in text
     bad = tmp_path / "bad.yaml"
@@ -200,7 +200,8 @@ def test_variant_settings_and_late_joiners_reach_the_cells_and_the_report(tmp_pa
     ("name: [x\n", "not valid YAML"),
     ("name: x\nreport: ../x.md\ndatasets: {a: {methods: [fedavg]}}\n", "report file name '../x.md' cannot name a"),
     ("name: x\nreport: report.json\ndatasets: {a: {methods: [fedavg]}}\n", "a markdown file name ending in .md"),
-    ("name: x\ndatasets: {a: {methods: [fedavg]}}\nclaims: [{claim: c, dataset: b, better: fedavg, than: [local]}]\n",
+    ("name: x\ndatasets: {a: {methods: [fedavg]}}\nclaims: [{claim: c, seed_file: s0, table: T, dataset: b, "
+     "better: fedavg, than: [local]}]\n",
      "dataset 'b' is not a key of the suite"),
 ])
 def test_invalid_suite_is_one_clear_error_before_anything_runs(tmp_path: Path, content: str, message: str) -> None:
@@ -271,7 +272,45 @@ def test_paper_suite_is_valid_and_covers_the_issue_grid() -> None:
              for c in cells if c.dataset == "tpt48-steps"}
     assert steps == {(50, 10), (1, 10), (10, 10), (25, 10), (50, 1), (50, 5)}
     assert any(c.config.method.options.get("attention") == "uniform" for c in cells)
+    assert any(c.config.method.options.get("attention") == "direct" for c in cells)  # the paper's "without GAT"
+    assert any(c.config.method.options.get("feedback") == "loss_only" for c in cells)
     assert any(c.config.train.late_clients == 2 and c.config.method.name == "pfedgat" for c in cells)
+
+
+def test_bench_reruns_a_cell_from_other_code_unless_told_to_keep_it_and_the_report_marks_it(tmp_path: Path) -> None:
+    """summary.json records the code id; a finished cell whose code id is not today's is run again, or, with
+    keep_stale, kept and marked stale (†) in its table with its code id."""
+    from graphfed.provenance import code_provenance
+
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(yaml.safe_dump({
+        "name": "provenance", "seeds": 1,
+        "base": {"torch_threads": 1, "train": {"rounds": 2, "local_steps": 2, "eval_every": 2}},
+        "datasets": {"fln": {"config": {"dataset": {"name": "fln", "num_clients": 4}}, "methods": ["fedavg"]}}}))
+    out = tmp_path / "out"
+    run_suite(suite, out, in_process=True, echo=lambda line: None)
+    summary_path = out / "runs" / "fln" / "fedavg" / "seed0" / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    assert summary["code"] == code_provenance() and len(summary["code"]["code_id"]) == 16
+    lines: list[str] = []
+    run_suite(suite, out, in_process=True, echo=lines.append)
+    assert any("done before, skipped" in line for line in lines)  # today's code: reused
+
+    summary["code"] = {**summary["code"], "code_id": "0123456789abcdef"}
+    summary_path.write_text(json.dumps(summary))
+    lines.clear()
+    report, _ = run_suite(suite, out, in_process=True, echo=lines.append, keep_stale=True)
+    assert any("by other code (0123456789abcdef), kept" in line for line in lines)
+    text = report.read_text()
+    assert "| fedavg † |" in text and "fedavg` 1 of 1 (code 0123456789abcdef)" in text
+    assert "1 of 1 runs are from other code (0123456789abcdef)" in text
+
+    lines.clear()
+    report, _ = run_suite(suite, out, in_process=True, echo=lines.append)  # default: refuse to reuse, run again
+    assert any("finished by other code (code id 0123456789abcdef" in line and "running again" in line
+               for line in lines)
+    assert json.loads(summary_path.read_text())["code"]["code_id"] == code_provenance()["code_id"]
+    assert "| fedavg |" in report.read_text() and "All 1 runs are from that code." in report.read_text()
 
 
 def test_regression_table_adds_mae_in_data_units_mean_and_std_over_seeds(tmp_path: Path) -> None:
@@ -284,9 +323,10 @@ def test_regression_table_adds_mae_in_data_units_mean_and_std_over_seeds(tmp_pat
     text, rows = bench._dataset_section("fl60", suite.datasets["fl60"], cells, {("fl60", "fedavg"): summaries},
                                         tmp_path)
     assert "| MAE, data units |" in text
-    row = next(line for line in text.splitlines() if line.startswith("| fedavg |"))
-    assert "| 5.000 ± 1.000 |" in row and "| 101 |" in row  # MAE mean ± std over seeds; the largest peak RSS
-    assert rows[0]["test"] == pytest.approx((0.015, 0.005))
+    row = next(line for line in text.splitlines() if line.startswith("| fedavg"))
+    assert "| 5.000 ± 1.414 |" in row and "| 101 |" in row  # MAE mean ± sample std over seeds; the largest peak RSS
+    assert rows[0]["test"] == pytest.approx((0.015, 0.005 * 2 ** 0.5))
+    assert rows[0]["per_seed"]["test"] == [0.01, 0.02]  # what the verdicts test
 
 
 def test_the_paper_report_tables_are_regenerated_from_the_committed_runs() -> None:
@@ -297,7 +337,9 @@ def test_the_paper_report_tables_are_regenerated_from_the_committed_runs() -> No
     out = PAPER.parents[1] / "results" / "paper"
     suite = load_suite(PAPER)
     cells, results = finished_results(suite, out)
-    sections, tables = report_sections(suite, cells, results, out, plots=False)
+    # stale marks are relative to the code that wrote the report (report.json), so later commits do not move them
+    written_by = json.loads((out / "report.json").read_text())["code"]["code_id"]
+    sections, tables = report_sections(suite, cells, results, out, plots=False, reference_code=written_by)
     committed = (out / "report.md").read_text()
     body = "\n".join(sections + deviations_section(suite))
     assert committed.endswith(body)
@@ -305,27 +347,3 @@ def test_the_paper_report_tables_are_regenerated_from_the_committed_runs() -> No
     assert verdicts and verdicts in committed  # the verdict table on top, from the same rows
     assert committed[:-len(body)].count("## ") == 1  # nothing but the header and the verdicts precede the sections
     assert sum(len(rows) for rows in tables.values()) >= 40  # rows of methods with finished runs
-
-
-def test_claim_verdicts_follow_the_rows() -> None:
-    """A claim holds when the method beats every rival by more than the larger seed spread (and, for MSE with a
-    factor, by that ratio); partly when it beats some or falls short of the factor; a missing cell is 'not run yet';
-    a claim answered by another report points to it."""
-    from graphfed.report.bench import Claim, claim_verdict
-
-    def row(method: str, test: tuple[float, float] | None, metric: str = "accuracy") -> dict:
-        return {"method": method, "metric": metric, "test": test, "novel": None}
-
-    accuracy = {"d": [row("a", (0.90, 0.01)), row("b", (0.80, 0.02)), row("c", (0.895, 0.02))]}
-    assert claim_verdict(Claim(claim="a > b", dataset="d", better="a", than=["b"]), accuracy)[1] == "holds"
-    assert claim_verdict(Claim(claim="a > b, c", dataset="d", better="a", than=["b", "c"]),
-                         accuracy)[1] == "partly (beats b)"
-    assert claim_verdict(Claim(claim="c > a", dataset="d", better="c", than=["a"]), accuracy)[1] == "does not hold here"
-    assert claim_verdict(Claim(claim="a > e", dataset="d", better="a", than=["e"]), accuracy)[1] == "not run yet"
-    mse = {"m": [row("p", (0.01, 0.001), "mse"), row("f", (0.5, 0.01), "mse")]}
-    text, verdict = claim_verdict(Claim(claim="100x", dataset="m", better="p", than=["f"], factor=100), mse)
-    assert verdict == "partly (beats all, short of 100x)" and "f/p = 50x" in text
-    assert claim_verdict(Claim(claim="40x", dataset="m", better="p", than=["f"], factor=40), mse)[1] == "holds"
-    assert claim_verdict(Claim(claim="robust", see="../robustness/report.md"), mse)[1] == "see that report"
-    with pytest.raises(ValueError, match="give dataset, better and than"):
-        Claim(claim="vague")

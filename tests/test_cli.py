@@ -276,7 +276,7 @@ def test_resume_without_a_checkpoint_exits_3(config_file: Path, tmp_path: Path) 
 
 def test_compare_runs_every_method_and_seed_and_writes_the_table(config_file: Path, tmp_path: Path) -> None:
     """``compare --methods fedavg,local --seeds 2`` runs 2 x 2 configs, prints one table with both methods and
-    writes compare.md (mean ± std over seeds), compare.json (every summary) and compare.png."""
+    writes compare.md (mean ± sample std over seeds), compare.json (every summary) and compare.png."""
     out = tmp_path / "cmp"
     result = invoke("compare", config_file, "--methods", "fedavg,local", "--seeds", "2", "--out", out,
                     "--no-progress")
@@ -291,7 +291,7 @@ def test_compare_runs_every_method_and_seed_and_writes_the_table(config_file: Pa
     markdown = (out / "compare.md").read_text()
     for name, runs in summaries.items():
         tests = [r["test_mean"] for r in runs]
-        cell = format_value((statistics.fmean(tests), statistics.pstdev(tests)), "accuracy")
+        cell = format_value((statistics.fmean(tests), statistics.stdev(tests)), "accuracy")
         row = next(line for line in markdown.splitlines() if line.startswith(f"| {name} |"))
         assert cell in row, (cell, row)
     assert (out / "compare.png").read_bytes().startswith(b"\x89PNG")

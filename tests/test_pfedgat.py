@@ -166,6 +166,20 @@ def test_uniform_ablation_averages_the_trained_clients_and_asks_no_feedback(make
     assert one_round.tracker.bytes_up == 12 * one_round.setup.spec.dim * 4
 
 
+def test_direct_ablation_learns_the_weight_matrix_itself_from_the_same_feedback(make_config: ConfigFactory) -> None:
+    """``attention: direct`` is the paper's Table 4 "without GAT": R = softmax(free logits), uniform at the start, and
+    the same validation feedback moves it (here: a client's rows stop being uniform and still sum to 1), with no
+    GAT built."""
+    start = _after_rounds(make_config, 0, "method.options={attention: direct}")
+    method: PFedGAT = start.setup.method  # type: ignore[assignment]
+    assert not hasattr(method, "gat") and method.client_feedback == "val_gradient"
+    torch.testing.assert_close(method.attention(torch.arange(12)), torch.full((12, 12), 1 / 12))
+    trained = _after_rounds(make_config, 3, "method.options={attention: direct, server_lr: 1.0}")
+    rows = trained.setup.method.attention(torch.arange(12)).detach()  # type: ignore[attr-defined]
+    torch.testing.assert_close(rows.sum(1), torch.ones(12))
+    assert (rows - 1 / 12).abs().max() > 1e-4  # learned away from uniform
+
+
 def test_late_clients_are_never_sampled_before_they_join(make_config: ConfigFactory, tmp_path: Path) -> None:
     """pFedGAT Sec. 5.3: 3 of 12 clients join at round 7 of 10. Before that no round samples them; afterwards
     they train, and the summary names them and scores them at the last round."""

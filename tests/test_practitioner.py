@@ -161,7 +161,7 @@ def test_compare_names_the_metric_and_prints_full_values_without_a_terminal(fold
     assert "…" not in result.stdout  # full values: nothing cut to fit 80 columns
     markdown = (tmp_path / "cmp" / "compare.md").read_text()
     assert markdown.startswith("Metric: MSE (lower is better)")
-    assert "| method | test MSE ↓ (mean ± std over seeds) |" in markdown
+    assert "| method | test MSE ↓ (mean ± sample std over seeds) |" in markdown
     summaries = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert f"{summaries['fedavg'][0]['test_mean']:.3e}" in result.stdout
 
@@ -170,7 +170,7 @@ def test_accuracy_tables_say_percent_and_higher_is_better() -> None:
     from graphfed.report.tables import headers, metric_label, metric_note
 
     assert metric_label("accuracy") == "accuracy % ↑" and metric_label("mse") == "MSE ↓"
-    assert headers("accuracy")[1] == "test accuracy % ↑ (mean ± std over seeds)"
+    assert headers("accuracy")[1] == "test accuracy % ↑ (mean ± sample std over seeds)"
     assert "higher is better" in metric_note("accuracy") and "fraction" in metric_note("accuracy")
 
 
@@ -269,3 +269,42 @@ def test_the_config_module_imports_no_registry() -> None:
     imported |= {alias.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Import)
                  for alias in node.names}
     assert not {name for name in imported if name and name.startswith("graphfed")}
+
+
+# ---- a fixed split: the spread over seeds is training randomness only --------------------------------------------
+
+def test_row_standard_error_matches_a_bootstrap_over_test_rows() -> None:
+    """The recorded ``test_row_se`` is what resampling each client's test rows does to the mean over clients."""
+    from graphfed.sim.client import ClientScores
+    from graphfed.sim.engine import _row_standard_error
+
+    generator = torch.Generator().manual_seed(0)
+    counts = torch.tensor([40, 120, 15, 300])
+    rates = (0.5, 0.8, 0.6, 0.95)
+    outcomes = [(torch.rand(int(n), generator=generator) < p).float() for n, p in zip(counts, rates, strict=True)]
+    accuracy = torch.stack([o.mean() for o in outcomes])
+    scores = ClientScores(accuracy, accuracy, counts, accuracy * counts, counts.float(), torch.zeros(4))
+    resampled = torch.stack([
+        torch.stack([o[torch.randint(len(o), (len(o),), generator=generator)].mean() for o in outcomes]).mean()
+        for _ in range(4000)])
+    assert _row_standard_error(scores) == pytest.approx(float(resampled.std()), rel=0.06)
+
+
+def test_a_folder_suite_says_its_spread_is_training_randomness_and_adds_the_row_interval(folder: Path,
+                                                                                          tmp_path: Path) -> None:
+    import yaml
+
+    from graphfed.report.bench import run_suite
+
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(yaml.safe_dump({
+        "name": "folder", "seeds": 2, "base": {"torch_threads": 1, "train": {"rounds": 2, "eval_every": 2}},
+        "datasets": {"mine": {"config": {"dataset": {"name": "folder", "data_dir": str(folder)}},
+                              "methods": ["fedavg"]}}}))
+    report, done = run_suite(suite, tmp_path / "out", in_process=True, echo=lambda line: None)
+    text = report.read_text()
+    assert done and "the ± over seeds covers training randomness only" in text
+    header = next(line for line in text.splitlines() if line.startswith("| method |"))
+    assert "± over test rows (95 %)" in header
+    summary = json.loads((tmp_path / "out" / "runs" / "mine" / "fedavg" / "seed0" / "summary.json").read_text())
+    assert 0 < summary["test_row_se"] < 0.5

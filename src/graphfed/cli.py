@@ -246,6 +246,9 @@ def bench(suite: Annotated[Path, typer.Argument(help="suite YAML: methods x data
                                                    "(faster start, but peak RSS is then shared)")] = False,
           report_only: Annotated[bool, typer.Option(help="run nothing: rewrite the report from the finished "
                                                     "run directories")] = False,
+          keep_stale: Annotated[bool, typer.Option(help="reuse finished cells made by other code (another code id) "
+                                                   "instead of re-running them; the report marks them stale")]
+          = False,
           verbose: bool = False) -> None:
     """Run a benchmark suite (resumable: finished cells are skipped) and write OUT/report.md (or the suite's
     report name)."""
@@ -264,11 +267,13 @@ def bench(suite: Annotated[Path, typer.Argument(help="suite YAML: methods x data
                               *(["--seeds", str(seeds)] if seeds else []),
                               *(f"--set={text}" for text in overrides or []),
                               *(["--data-dir", str(data_dir)] if data_dir else []),
-                              *(["--in-process"] if in_process else [])])
+                              *(["--in-process"] if in_process else []),
+                              *(["--keep-stale"] if keep_stale else [])])
         with _sigterm_as_interrupt():
             report, all_done = run_suite(suite, out, datasets=_names(datasets), methods=_names(methods), seeds=seeds,
                                          overrides=extra, data_dir=data_dir, in_process=in_process,
-                                         echo=console.print, command=command, report_only=report_only)
+                                         echo=console.print, command=command, report_only=report_only,
+                                         keep_stale=keep_stale)
     except ConfigError as err:
         _fail(str(err), EXIT_CONFIG)
     except KeyboardInterrupt:

@@ -29,8 +29,12 @@ so that the score depends on the pair. They also set ``node_features: centred``,
 mean_j theta_j), which is what sets client i apart; at round 0 every h_i is zero and R is uniform.
 ``attention: gat, node_features: model`` is the paper's literal layer, with the paper's SGD at lr 0.01. On the
 case-study split the defaults give same-group clients 0.146 each against 0.026 for other groups; under an IID
-split R stays within 0.4/N of uniform (benchmarks/results/aggregation). ``attention: uniform`` is the ablation
-"without the GAT": every row of R is 1/N over the clients that have trained, and clients send no feedback.
+split R stays within 0.4/N of uniform (benchmarks/results/aggregation).
+
+Ablations. ``attention: direct`` is the paper's "without GAT" (Table 4, "directly optimizing the weight allocation
+matrix"): R = softmax of a free N x N matrix of logits (zeros at the start, so R starts uniform; the softmax keeps
+each row on the simplex, which the paper does not say how it ensures), learned from the same client feedback with
+the same optimizer. ``attention: uniform`` is a further row: R = 1/N fixed, and clients send no feedback.
 """
 
 from __future__ import annotations
@@ -53,9 +57,10 @@ ATTENTION_EDGES_PER_CHUNK = 500_000
 class PFedGATOptions(MethodOptions):
     heads: int = Field(default=8, ge=1, description="attention heads K; R is their mean")
     head_dim: int = Field(default=16, ge=1, description="d' of each attention head")
-    attention: Literal["gat", "gatv2", "uniform"] = Field(
+    attention: Literal["gat", "gatv2", "direct", "uniform"] = Field(
         default="gatv2", description="gatv2: dynamic attention (Brody et al. 2022); gat: the paper's layer (static); "
-                                     "uniform: the ablation without the GAT, R = 1/N and no feedback")
+                                     "direct: the paper's ablation without the GAT, R = softmax(free logits) learned "
+                                     "from the same feedback; uniform: R = 1/N and no feedback")
     node_features: Literal["centred", "model"] = Field(
         default="centred",
         description="centred: LayerNorm(theta_i - mean_j theta_j); model: LayerNorm(theta_i), the paper")
@@ -77,13 +82,18 @@ class PFedGAT(PersonalizedAggregation):
         self.options: PFedGATOptions = options
         if options.attention == "uniform":  # the ablation: nothing to learn, so no GAT and no client feedback
             return
-        dim = context.spec.dim
-        self.norm = nn.LayerNorm(dim)
-        from torch_geometric.nn import GATConv, GATv2Conv  # imported only where a GAT is built (slow import)
+        if options.attention == "direct":
+            n = context.num_clients
+            self.logits = nn.Parameter(torch.zeros(n, n))  # R = softmax(logits): uniform at the start
+            params = [self.logits]
+        else:
+            dim = context.spec.dim
+            self.norm = nn.LayerNorm(dim)
+            from torch_geometric.nn import GATConv, GATv2Conv  # imported only where a GAT is built (slow import)
 
-        layer = GATConv if options.attention == "gat" else GATv2Conv
-        self.gat = layer(dim, options.head_dim, heads=options.heads, negative_slope=0.2, add_self_loops=False)
-        params = [*self.norm.parameters(), *self.gat.parameters()]
+            layer = GATConv if options.attention == "gat" else GATv2Conv
+            self.gat = layer(dim, options.head_dim, heads=options.heads, negative_slope=0.2, add_self_loops=False)
+            params = [*self.norm.parameters(), *self.gat.parameters()]
         optimizer = torch.optim.SGD if options.optimizer == "sgd" else torch.optim.Adam
         self.optimizer = optimizer(params, lr=options.server_lr)
         self.client_feedback = "val_gradient" if options.feedback == "gradient" else "val_loss_pair"
@@ -98,6 +108,8 @@ class PFedGAT(PersonalizedAggregation):
         n = self.context.num_clients
         if self.options.attention == "uniform":
             return torch.full((len(client_ids), n), 1.0 / n)
+        if self.options.attention == "direct":
+            return self.logits[client_ids].softmax(dim=1)
         models = self.client_weights
         if self.options.node_features == "centred":
             models = models - models.mean(dim=0)

@@ -18,10 +18,10 @@ class TargetModel(nn.Module):
     on CPU for tiny MLPs, where per-op overhead dominates).
     """
 
-    #: rows per evaluation block when a row's output depends on the other rows of its batch (batch-statistics BN: a
-    #: client's split of up to this many rows is normalised as one batch); None = rows are independent, blocks are
-    #: about one mean client long
-    evaluation_block_rows: int | None = None
+    #: True when a row's output depends on the other rows of its batch (BatchNorm with batch statistics). Such a
+    #: model is evaluated on each client's whole split as one batch, without padding rows, so a client's score does
+    #: not depend on the order of its rows or on any block size; False: rows are independent and go in blocks
+    batch_statistics: bool = False
     #: the submodule that maps features to outputs (classifier or regression head); personalisation methods
     #: that split a model into body and head (FedRep, FedRoD, ...) read it from here, never from parameter order
     head_module: str

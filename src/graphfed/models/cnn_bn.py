@@ -21,16 +21,15 @@ Consequences:
 
 * BN running statistics are never shared or aggregated between clients - they do not exist. The BN affine
   weight and bias are ordinary parameters and are aggregated like every other layer.
-* Evaluation normalises with the statistics of the batch it is given; the simulator evaluates a client's
-  split in blocks of 256 rows (``evaluation_block_rows``; a split of up to 256 rows is one batch), so a
-  prediction depends on the other rows of its block (as in any batch-statistics BN). Tiny splits (a few
-  rows) give noisy statistics.
-* Padding rows are excluded from the statistics. A client's last evaluation block is padded with all-zero
-  rows; letting those zeros into the batch mean and variance would change the real rows' outputs, so the
-  statistics are computed over the rows whose input is not identically zero. Real MNIST / Fashion-MNIST
-  images are never all zero (checked on the 70k images of each); a real all-zero input would still get an
-  output, it just would not contribute to the statistics. A batch with no valid row yields the BN bias
-  instead of NaN.
+* Evaluation normalises with the statistics of the client's whole split: the simulator evaluates each client's
+  split as one batch (``batch_statistics``), so a client's score does not depend on the order of its rows or on
+  any block size (rows are stored class-sorted; blocks of a class-sorted split would each see a few classes and
+  shift the statistics). Tiny splits (a few rows) give noisy statistics.
+* Padding rows never enter the statistics: evaluation batches hold no padding at all, and training batches are
+  drawn from a client's real rows. As a second guard, rows whose input is identically zero are left out of the
+  statistics (real MNIST / Fashion-MNIST images are never all zero, checked on the 70k images of each; a real
+  all-zero input still gets an output, it just does not contribute to the statistics). A batch with no valid
+  row yields the BN bias instead of NaN.
 
 How clients are batched
 -----------------------
@@ -101,7 +100,7 @@ class CNNBN(TargetModel):
         self.fc2 = nn.Linear(hidden, num_classes)
         self.head_module = "fc2"
 
-    evaluation_block_rows = 256
+    batch_statistics = True
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``[B, C, H, W]`` -> ``[B, hidden]`` (the head's input). All-zero rows are left out of BN

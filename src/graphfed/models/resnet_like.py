@@ -18,9 +18,11 @@ plainN    N = 4, 7, 10, 13: N - 1 plain convolutions of width 4w (the first with
 
 Every convolution is 3x3 and followed by BatchNorm and ReLU; each network ends in global average pooling and one
 linear layer (the head). Widths are reduced for the CPU: ``width`` w = 8 by default (the paper's ResNet-18 uses
-64, 128, 256, 512). BatchNorm uses the statistics of the batch it is given, in training and in evaluation, and
-keeps no running statistics (as ``cnn-bn``): weights generated for a client architecture then come with no
-buffers to estimate, and clients never exchange statistics of their data.
+64, 128, 256, 512). BatchNorm uses the statistics of the batch it is given and keeps no running statistics (as
+``cnn-bn``): weights generated for a client architecture then come with no buffers to estimate, and clients never
+exchange statistics of their data. Training batches are drawn from a client's real rows; evaluation normalises
+with the statistics of the client's whole split, one batch without padding (``batch_statistics``), so a score
+does not depend on row order or block size.
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ class PlainPair(nn.Module):
 class ResNetLike(TargetModel):
     """One member of the family (see the module docstring); ``forward`` takes ``[B, C, H, W]`` images."""
 
-    evaluation_block_rows = 256  # batch-statistics BN: a client's evaluation rows are normalised 256 at a time
+    batch_statistics = True  # BN normalises with the batch: evaluated on each client's whole split at once
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int, arch: str = "arch0", width: int = 8) -> None:
         super().__init__()

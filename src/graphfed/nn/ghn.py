@@ -204,7 +204,7 @@ class GeneratedNetwork(TargetModel):
         self.plan = plan_architecture(architecture, ghn.types)
         # kept outside the module tree: the architecture's own parameters are not this network's
         self._architecture = [architecture]
-        self.evaluation_block_rows = architecture.evaluation_block_rows
+        self.batch_statistics = architecture.batch_statistics
 
     @property
     def architecture(self) -> TargetModel:

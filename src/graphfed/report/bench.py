@@ -40,8 +40,9 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from statistics import fmean
 from typing import Any, Literal
 
 import torch
@@ -57,9 +58,11 @@ from graphfed.config import (
     validate_config,
 )
 from graphfed.methods import parse_options
+from graphfed.provenance import code_id_of, code_provenance
 from graphfed.report.plots import plot_comparison
 from graphfed.report.tables import compare_rows, format_value, metric_note, row_cells
 from graphfed.report.tables import headers as table_headers
+from graphfed.report.verdicts import TEST_NAME, compare_against, factor_comparison, sample_std, seeds_to_decide, verdict
 from graphfed.sim import checkpoint as io
 
 
@@ -130,7 +133,11 @@ class Claim(_Strict):
     """A paper's headline claim, checked against the suite's own cells (or answered by another report)."""
 
     claim: str = Field(description="the claim as the paper makes it")
-    source: str = ""
+    seed_file: str = Field(description="the paper in ../shared/seeds/ (its number, e.g. '003')")
+    table: str = Field(description="where the paper makes the claim: table, figure or section")
+    paper_numbers: str = Field(default="", description="the paper's own numbers for the claim, as printed")
+    question: bool = Field(default=False, description="our own question, not a claim the paper makes")
+    note: str = ""
     dataset: str | None = Field(default=None, description="the suite's dataset key whose table tests the claim")
     better: str | None = Field(default=None, description="the method claimed to be better")
     than: list[str] = Field(default_factory=list, description="the methods it is claimed to beat")
@@ -277,9 +284,14 @@ def _ran_with_options(summary: dict[str, Any], config: RunConfig) -> bool:
 
 
 def _finished_summary(directory: Path, config: RunConfig) -> dict[str, Any] | None:
-    """The completed summary of this config in ``directory``, if there is one."""
+    """The completed summary of this config in ``directory``, if there is one, whatever code produced it (the
+    report marks a run from other code as stale)."""
     summary = _completed_summary(directory) if _same_config(directory, config) else None
     return summary if summary is not None and _ran_with_options(summary, config) else None
+
+
+def current_code_id() -> str:
+    return str(code_provenance()["code_id"])
 
 
 @contextmanager
@@ -318,20 +330,30 @@ def _run_in_subprocess(cell: Cell, directory: Path, resume: bool) -> dict[str, A
 
 
 def run_cells(cells: list[Cell], out: Path, in_process: bool = False, data_dir: Path | None = None,
-              echo: Any = print) -> dict[tuple[str, str], list[dict[str, Any]]]:
-    """Run (or reuse) every cell; returns summaries by (dataset key, method). A failed cell does not stop the grid."""
+              echo: Any = print, keep_stale: bool = False) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Run (or reuse) every cell; returns summaries by (dataset key, method). A failed cell does not stop the grid.
+
+    A finished cell is reused only when the code that produced it is today's (its summary's code id); a cell from
+    other code runs again from scratch, unless ``keep_stale`` (then the report marks it stale)."""
+    today = current_code_id()
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     with _data_dir_env(data_dir):
         for index, cell in enumerate(cells, 1):
             directory = cell.directory(out)
             label = f"[{index}/{len(cells)}] {cell.dataset} {cell.method} seed {cell.config.seed}"
             same_config = _same_config(directory, cell.config)  # read config.yaml once per cell
-            summary = _completed_summary(directory) if same_config else None
-            if summary is not None and _ran_with_options(summary, cell.config):
-                echo(f"{label}: done before, skipped")
+            completed = _completed_summary(directory) if same_config else None
+            summary = completed if completed is not None and _ran_with_options(completed, cell.config) else None
+            stale = summary is not None and code_id_of(summary) != today
+            if summary is not None and (keep_stale or not stale):
+                echo(f"{label}: done before{f' by other code ({code_id_of(summary)}), kept' if stale else ''}, "
+                     "skipped")
             else:
-                # a run completed under other method defaults starts over rather than resuming
-                resume = same_config and summary is None and (directory / io.CHECKPOINT).is_file()
+                if stale:
+                    echo(f"{label}: finished by other code (code id {code_id_of(summary)}; today {today}), "
+                         "running again")
+                # a run completed under other method defaults or other code starts over rather than resuming
+                resume = same_config and completed is None and (directory / io.CHECKPOINT).is_file()
                 echo(f"{label}: {'resuming' if resume else 'running'} ...")
                 begin = time.perf_counter()
                 try:
@@ -371,7 +393,7 @@ def _paper_cells(entry: SuiteDataset, method: str) -> list[str]:
 
 def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
                      results: dict[tuple[str, str], list[dict[str, Any]]], out: Path,
-                     plots: bool = True) -> tuple[str, list[dict]]:
+                     plots: bool = True, reference_code: str | None = None) -> tuple[str, list[dict]]:
     own = [cell for cell in cells if cell.dataset == key]
     methods = list(dict.fromkeys(cell.method for cell in own))
     completed = {method: [s for s in results.get((key, method), []) if s["status"] == "completed"]
@@ -380,12 +402,20 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
               for method in methods}
     not_run = [method for method in methods if not completed[method] and not failed[method]]
     rows = compare_rows({method: runs for method, runs in completed.items() if runs})
+    reference_code = reference_code or current_code_id()
+    # runs from other code than the report's: marked in the table and listed under it, never mixed silently
+    stale = {method: [code_id_of(s) for s in runs if code_id_of(s) != reference_code]
+             for method, runs in completed.items() if runs}
     with_mae = any(row["mae_original_units"] for row in rows)  # regression with a known target scale
     with_late = any(row["late"] for row in rows)  # clients that joined late (train.late_clients)
     own_settings = {label: variant.config for label, variant in entry.variants.items() if variant.config}
     config = next((cell.config for cell in own if cell.method not in own_settings), own[0].config)
     train = config.train
+    # a federation folder keeps its split under every seed: the seeds' spread is training randomness only
+    fixed_split = config.dataset.name == "folder"
+    with_rows = fixed_split and any(row["row_se"] for row in rows)
     headers = [*table_headers(config_metric(rows)), *EXTRA_HEADERS, *(["MAE, data units"] if with_mae else []),
+               *(["± over test rows (95 %)"] if with_rows else []),
                *(["late joiners, last round"] if with_late else []), *(reference.label for reference in entry.paper)]
     lines = [f"## {entry.title or key}", ""]
     if entry.description:
@@ -405,9 +435,24 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
         rss = "—" if row["peak_rss_mb"] is None else f"{row['peak_rss_mb']:.0f}"
         mae = row["mae_original_units"]
         mae_cells = ([] if not with_mae else ["—" if mae is None else f"{mae[0]:.3f} ± {mae[1]:.3f}"])
-        late_cells = [format_value(row["late"], row["metric"])] if with_late else []
-        lines.append("| " + " | ".join([*row_cells(row), rss, *mae_cells, *late_cells,
+        late_cells = [format_value(row["late"], row["metric"], row["seeds"])] if with_late else []
+        row_cells_ = ([] if not with_rows else ["—" if row["row_se"] is None
+                                                else f"± {100 * 1.96 * row['row_se'][0]:.2f}"])
+        cells_of_row = row_cells(row)
+        if stale.get(row["method"]):
+            cells_of_row[0] += " †"
+        lines.append("| " + " | ".join([*cells_of_row, rss, *mae_cells, *row_cells_, *late_cells,
                                          *_paper_cells(entry, row["method"])]) + " |")
+    if fixed_split:
+        lines += ["", "This federation's split is the same under every seed: the ± over seeds covers training "
+                  "randomness only." + (" '± over test rows' is the 95 % half-width that resampling the test rows "
+                                        "would add (binomial per client, normal approximation; mean over seeds)."
+                                        if with_rows else "")]
+    stale_rows = [f"`{method}` {len(ids)} of {len(completed[method])} (code {', '.join(sorted(set(ids)))})"
+                  for method, ids in stale.items() if ids]
+    if stale_rows:
+        lines += ["", f"† Stale: runs from other code than this report's (code id {reference_code}), kept until "
+                  "re-run: " + "; ".join(stale_rows) + "."]
     missing = [f"`{method}`: {'; '.join(statuses)}" for method, statuses in failed.items() if statuses]
     if missing:
         lines += ["", "Not completed (left out of the table): " + " — ".join(missing)]
@@ -445,55 +490,88 @@ def _previous_invocations(out: Path) -> list[dict[str, Any]]:
         return []
 
 
-def claim_verdict(claim: Claim, tables: dict[str, list[dict[str, Any]]]) -> tuple[str, str]:
-    """``(what the cells show, verdict)`` for one claim, from the report's rows (mean ± std over seeds).
+def _score_text(value: float, higher: bool, digits: int = 4) -> str:
+    return f"{100 * value:.2f}" if higher else f"{value:.{digits}g}"
 
-    ``better`` beats another method when its mean is better by more than the larger of the two seed spreads.
-    Holds: it beats every ``than`` (and, with ``factor``, by that ratio of MSE); partly: it beats some, or all but
-    short of the factor; does not hold here: it beats none; not run yet: a cell is missing."""
+
+def claim_verdict(claim: Claim, tables: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """One claim decided by the report's rule (:mod:`graphfed.report.verdicts`) from its table's per-seed scores.
+
+    Returns ``{"here": what the cells show, "verdict": ..., "comparisons": [...], "seeds_to_decide": n | None}``;
+    "not run yet" while a needed cell has no score, "see that report" for a claim another report answers."""
     if claim.see is not None:
-        return f"answered in [{claim.see}]({claim.see})", "see that report"
+        return {"here": f"answered in [{claim.see}]({claim.see})", "verdict": "see that report", "comparisons": [],
+                "seeds_to_decide": None}
     rows = {row["method"]: row for row in tables.get(claim.dataset or "", [])}
     needed = [claim.better, *claim.than]
-    missing = [m for m in needed if m not in rows or rows[m][claim.column] is None]
+    missing = [m for m in needed if m not in rows or not rows[m]["per_seed"][claim.column]]
     if missing:
-        return f"no {claim.column} score yet for {', '.join(missing)}", "not run yet"
-    mine = rows[claim.better]
-    higher = mine["metric"] == "accuracy"
-    beaten, shown, short_of_factor = [], [], False
-    for other in claim.than:
-        (a, sa), (b, sb) = mine[claim.column], rows[other][claim.column]
-        margin = max(sa, sb)
-        wins = a > b + margin if higher else a < b - margin
-        if wins:
-            beaten.append(other)
-        if claim.factor is not None and not higher:
-            ratio = b / a if a > 0 else float("inf")
-            short_of_factor |= ratio < claim.factor
-            shown.append(f"{other}/{claim.better} = {ratio:.2g}x")
-        else:
-            scale = 100 if higher else 1
-            shown.append(f"{claim.better} {scale * a:.4g} vs {other} {scale * b:.4g}")
-    text = f"`{claim.dataset}`, {claim.column}: " + "; ".join(shown)
-    if len(beaten) == len(claim.than) and not short_of_factor:
-        return text, "holds"
-    if beaten:
-        return text, "partly" + (f" (beats all, short of {claim.factor:g}x)" if len(beaten) == len(claim.than)
-                                 else f" (beats {', '.join(beaten)})")
-    return text, "does not hold here"
+        return {"here": f"no {claim.column} score yet for {', '.join(missing)}", "verdict": "not run yet",
+                "comparisons": [], "seeds_to_decide": None}
+    mine = rows[claim.better]["per_seed"][claim.column]
+    higher = rows[claim.better]["metric"] == "accuracy"
+    baselines = {other: rows[other]["per_seed"][claim.column] for other in claim.than}
+    comparisons = compare_against(mine, baselines, higher)
+    if claim.factor is not None:
+        comparisons += [factor_comparison(mine, baselines[other], claim.factor, other) for other in claim.than]
+    shown = [f"{claim.better} {_score_text(fmean(mine), higher)} ± {_score_text(sample_std(mine), higher, 2)} "
+             f"(n={len(mine)})"]
+    for comparison in comparisons:
+        if comparison.factor is None:
+            theirs = baselines[comparison.baseline]
+            shown.append(f"{comparison.baseline} {_score_text(fmean(theirs), higher)} ± "
+                         f"{_score_text(sample_std(theirs), higher, 2)} (n={len(theirs)}): {comparison.outcome}, "
+                         f"p={comparison.p_value:.2g}")
+        else:  # a factor
+            ratio = comparison.baseline_mean / comparison.method_mean * claim.factor if comparison.method_mean else 0
+            reached = {"beats": "reached", "loses": "missed", "undecided": "undecided"}[comparison.outcome]
+            shown.append(f"ratio {comparison.baseline}/{claim.better} = {ratio:.3g}x against "
+                         f"{claim.factor:g}x: {reached}, p={comparison.p_value:.2g}")
+    return {"here": f"`{claim.dataset}`, {claim.column}: " + "; ".join(shown), "verdict": verdict(comparisons),
+            "comparisons": [asdict(c) for c in comparisons], "seeds_to_decide": seeds_to_decide(comparisons)}
+
+
+VERDICT_KINDS = ("holds", "partly", "inconclusive", "does not hold here", "not run yet", "see that report")
+
+
+def verdict_kind(text: str) -> str:
+    return next(kind for kind in VERDICT_KINDS if text.startswith(kind))
+
+
+def verdict_counts(verdicts: list[dict[str, Any]]) -> dict[str, int]:
+    counts = dict.fromkeys(VERDICT_KINDS, 0)
+    for item in verdicts:
+        counts[verdict_kind(item["verdict"])] += 1
+    return {kind: count for kind, count in counts.items() if count}
+
+
+def claim_verdicts(suite: Suite, tables: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    return [{"claim": claim.claim, **claim_verdict(claim, tables)} for claim in suite.claims]
 
 
 def verdict_table(suite: Suite, tables: dict[str, list[dict[str, Any]]]) -> list[str]:
     if not suite.claims:
         return []
+    verdicts = claim_verdicts(suite, tables)
+    counts = verdict_counts(verdicts)
     lines = ["## Verdicts", "",
-             "Each headline claim against this report's own cells (mean over seeds; a method beats another when its "
-             "mean is better by more than the larger seed spread). The budgets are smaller than the papers' (each "
-             "section states its own): a claim that does not hold here may hold at the papers' budget.", "",
-             "| claim | source | here | verdict |", "|---|---|---|---|"]
-    for claim in suite.claims:
-        text, verdict = claim_verdict(claim, tables)
-        lines.append(f"| {claim.claim} | {claim.source} | {text} | {verdict} |")
+             f"{len(verdicts)} claims: " + ", ".join(f"{kind} {count}" for kind, count in counts.items()) + ".", "",
+             f"Rule: {TEST_NAME}; per-seed scores, spreads are sample standard deviations. *holds*: the method beats "
+             "every named baseline (and reaches the claimed factor); *does not hold here*: a named baseline beats "
+             "it, or the factor is missed; *partly*: it beats some and loses to none, the rest undecided; "
+             "*inconclusive*: it beats none and loses to none. An undecided verdict gives the seeds per method the "
+             "observed differences would need (80 % power). Rows marked *(our question)* test something the paper "
+             "does not claim. The budgets are smaller than the papers' (each section states its own): a claim that "
+             "does not hold here may hold at the papers' budget.", "",
+             "| claim | paper | paper's numbers | here | verdict |", "|---|---|---|---|---|"]
+    for claim, item in zip(suite.claims, verdicts, strict=True):
+        decide = item["seeds_to_decide"]
+        verdict_text = item["verdict"] + (f"; ~{decide} seeds per method would decide the rest"
+                                          if decide is not None else "")
+        title = claim.claim + (" *(our question)*" if claim.question else "") + (f" ({claim.note})" if claim.note
+                                                                                  else "")
+        lines.append(f"| {title} | seed {claim.seed_file}, {claim.table} | {claim.paper_numbers or '—'} | "
+                     f"{item['here']} | {verdict_text} |")
     return [*lines, ""]
 
 
@@ -518,12 +596,14 @@ def _flatten(settings: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]
 
 
 def report_sections(suite: Suite, cells: list[Cell], results: dict[tuple[str, str], list[dict[str, Any]]],
-                    out: Path, plots: bool = True) -> tuple[list[str], dict[str, list[dict[str, Any]]]]:
-    """Each dataset's section of the report (its table, notes and plot) and its table rows."""
+                    out: Path, plots: bool = True, reference_code: str | None = None,
+                    ) -> tuple[list[str], dict[str, list[dict[str, Any]]]]:
+    """Each dataset's section of the report (its table, notes and plot) and its table rows. Runs whose code id is
+    not ``reference_code`` (default: the running code's) are marked stale."""
     sections, tables = [], {}
     for key, entry in suite.datasets.items():
         if any(cell.dataset == key for cell in cells):
-            text, rows = _dataset_section(key, entry, cells, results, out, plots)
+            text, rows = _dataset_section(key, entry, cells, results, out, plots, reference_code)
             sections.append(text)
             tables[key] = rows
     return sections, tables
@@ -535,8 +615,9 @@ def write_report(suite: Suite, cells: list[Cell], results: dict[tuple[str, str],
     (every summary and row)."""
     out.mkdir(parents=True, exist_ok=True)
     env = environment()
+    code = code_provenance()
     total_run_seconds = sum(s.get("cell_seconds", 0.0) for runs in results.values() for s in runs)
-    sections, tables = report_sections(suite, cells, results, out)
+    sections, tables = report_sections(suite, cells, results, out, reference_code=code["code_id"])
     # Every invocation that added cells to this directory, oldest first (a grid is often run in parts); a
     # report-only rewrite (command None) adds none.
     invocations = _previous_invocations(out)
@@ -552,27 +633,40 @@ def write_report(suite: Suite, cells: list[Cell], results: dict[tuple[str, str],
                *(item["command"] for item in invocations), "```", "",
                f"torch {env['torch']}, {env['cpu_count']} CPU(s), {env['platform']}. Time spent in cells run by "
                "each invocation: " + ", ".join(f"{item['seconds_in_new_cells']:.0f} s" for item in invocations) + ".",
-               "", PROTOCOL, ""]
+               "", code_line(results, code["code_id"]), "", PROTOCOL, ""]
     report = out / suite.report
     io.atomic_write_text(report, "\n".join(header + sections + deviations_section(suite)))
     payload = {"suite": suite.model_dump(mode="json"), "invocations": invocations, "environment": env,
-               "tables": tables,
+               "code": code, "verdicts": claim_verdicts(suite, tables), "tables": tables,
                "runs": {f"{key}/{method}": runs for (key, method), runs in results.items()}}
     io.atomic_write_text(out / "report.json", json.dumps(payload, indent=2, default=str) + "\n")
     return report
 
 
+def code_line(results: dict[tuple[str, str], list[dict[str, Any]]], reference_code: str) -> str:
+    """One sentence: the code id the report was written by, and how many of its runs come from other code."""
+    finished = [s for runs in results.values() for s in runs if s.get("status") == "completed"]
+    stale = sorted({code_id_of(s) for s in finished if code_id_of(s) != reference_code})
+    count = sum(code_id_of(s) != reference_code for s in finished)
+    text = f"Code: this report was written by code id `{reference_code}` (graphfed's computing sources, SHA-256). "
+    if not count:
+        return text + f"All {len(finished)} runs are from that code."
+    return text + (f"{count} of {len(finished)} runs are from other code ({', '.join(stale)}): stale, marked † in "
+                   "their tables and listed under them until re-run (`graphfed bench` re-runs them).")
+
+
 def run_suite(suite_path: Path, out: Path, datasets: list[str] | None = None, methods: list[str] | None = None,
               seeds: int | None = None, overrides: dict[str, Any] | None = None, data_dir: Path | None = None,
               in_process: bool = False, command: str | None = None, echo: Any = print,
-              report_only: bool = False) -> tuple[Path, bool]:
+              report_only: bool = False, keep_stale: bool = False) -> tuple[Path, bool]:
     """Run a suite end to end; returns the report path and whether every cell completed. ``report_only``: run
-    nothing, rewrite the report from the finished run directories."""
+    nothing, rewrite the report from the finished run directories. ``keep_stale``: reuse finished cells from other
+    code instead of running them again (the report marks them)."""
     begin = time.perf_counter()
     suite = load_suite(suite_path)
     cells = suite_cells(suite, seeds=seeds, overrides=overrides)
     selected = [] if report_only else suite_cells(suite, datasets, methods, seeds, overrides)
-    results = run_cells(selected, out, in_process=in_process, data_dir=data_dir, echo=echo)
+    results = run_cells(selected, out, in_process=in_process, data_dir=data_dir, echo=echo, keep_stale=keep_stale)
     all_done = all(s["status"] == "completed" for runs in results.values() for s in runs)
     # The report covers the whole suite: cells a filtered invocation skipped count if an earlier one finished them.
     for cell in cells:
@@ -595,5 +689,22 @@ def finished_results(suite: Suite, out: Path) -> tuple[list[Cell], dict[tuple[st
     return cells, results
 
 
-__all__ = ["Cell", "Claim", "PaperReference", "Suite", "claim_verdict", "deviations_section", "finished_results",
-           "load_suite", "report_sections", "run_cells", "run_suite", "suite_cells", "verdict_table", "write_report"]
+__all__ = [
+    "Cell",
+    "Claim",
+    "PaperReference",
+    "Suite",
+    "claim_verdict",
+    "claim_verdicts",
+    "code_line",
+    "deviations_section",
+    "finished_results",
+    "load_suite",
+    "report_sections",
+    "run_cells",
+    "run_suite",
+    "suite_cells",
+    "verdict_counts",
+    "verdict_table",
+    "write_report",
+]

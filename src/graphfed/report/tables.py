@@ -8,10 +8,15 @@ from typing import Any
 
 
 def _mean_std(values: Sequence[float | None]) -> tuple[float, float] | None:
+    """Mean and sample standard deviation (n - 1; 0 for one value, which tables print as n=1)."""
     present = [v for v in values if v is not None]
     if not present:
         return None
-    return statistics.fmean(present), statistics.pstdev(present) if len(present) > 1 else 0.0
+    return statistics.fmean(present), statistics.stdev(present) if len(present) > 1 else 0.0
+
+
+def _present(values: Sequence[float | None]) -> list[float]:
+    return [v for v in values if v is not None]
 
 
 #: width tables are laid out in when output is not a terminal (a pipe, a file, CI): wide enough that no value is
@@ -43,13 +48,14 @@ def metric_note(metric: str) -> str:
     return f"Metric: {metric.upper()} (lower is better), in the units summary.json stores."
 
 
-def format_value(stats: tuple[float, float] | None, metric: str) -> str:
+def format_value(stats: tuple[float, float] | None, metric: str, n: int | None = None) -> str:
+    """``mean ± sample std``; with ``n == 1`` the mean and "(n=1)": one seed measures no spread."""
     if stats is None:
         return "—"
     mean, std = stats
     if metric == "accuracy":
-        return f"{100 * mean:.2f} ± {100 * std:.2f}"
-    return f"{mean:.3e} ± {std:.1e}"
+        return f"{100 * mean:.2f} (n=1)" if n == 1 else f"{100 * mean:.2f} ± {100 * std:.2f}"
+    return f"{mean:.3e} (n=1)" if n == 1 else f"{mean:.3e} ± {std:.1e}"
 
 
 def compare_rows(summaries: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -70,15 +76,22 @@ def compare_rows(summaries: dict[str, list[dict[str, Any]]]) -> list[dict[str, A
             "mae_original_units": _mean_std([r.get("test_mae_original_units") for r in runs]),
             # runs with clients that joined late (train.late_clients): their score at the last round
             "late": _mean_std([r.get("late_test_final") for r in runs]),
+            # standard error over test rows (classification; runs before it was recorded lack it)
+            "row_se": _mean_std([r.get("test_row_se") for r in runs]),
             "peak_rss_mb": max((r["peak_rss_mb"] for r in runs if r.get("peak_rss_mb") is not None), default=None),
+            # the per-seed scores the verdicts test (report.json keeps them)
+            "seed_ids": [r.get("seed") for r in runs],
+            "per_seed": {"test": _present([r["test_mean"] for r in runs]),
+                         "novel": _present([r["novel_mean"] for r in runs]),
+                         "late": _present([r.get("late_test_final") for r in runs])},
         })
     return rows
 
 
 def headers(metric: str) -> list[str]:
     """The comparison table's columns, the metric named in the first number column."""
-    return ["method", f"test {metric_label(metric)} (mean ± std over seeds)", "std over clients", "pooled", "novel",
-            "novel (adapted)", "wall s", "MB up"]
+    return ["method", f"test {metric_label(metric)} (mean ± sample std over seeds)", "std over clients", "pooled",
+            "novel", "novel (adapted)", "wall s", "MB up"]
 
 
 def row_cells(row: dict[str, Any]) -> list[str]:
@@ -86,8 +99,9 @@ def row_cells(row: dict[str, Any]) -> list[str]:
     client_std = row["client_std"]
     std_text = "—" if client_std is None else (
         f"{100 * client_std[0]:.2f}" if metric == "accuracy" else f"{client_std[0]:.1e}")
-    return [row["method"], format_value(row["test"], metric), std_text, format_value(row["pooled"], metric),
-            format_value(row["novel"], metric), format_value(row["novel_adapted"], metric),
+    n = row["seeds"]
+    return [row["method"], format_value(row["test"], metric, n), std_text, format_value(row["pooled"], metric, n),
+            format_value(row["novel"], metric, n), format_value(row["novel_adapted"], metric, n),
             f"{row['wall_seconds']:.1f}", f"{row['mb_up']:.2f}"]
 
 

@@ -8,7 +8,7 @@ exactly these functions with S = 1.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -35,17 +35,35 @@ def per_client_loss(outputs: torch.Tensor, targets: torch.Tensor, task: Task) ->
     return per_row_loss(outputs, targets, task).mean(1)
 
 
-def block_plan(data: ClientSplit, dim: int, max_elements: int = 4_000_000,
-               block_rows: int | None = None) -> tuple[int, int]:
+def block_plan(data: ClientSplit, dim: int, max_elements: int = 4_000_000) -> tuple[int, int]:
     """``(block_rows, blocks_per_chunk)`` for walking ``data`` in blocks: blocks about one mean client long (at most
-    256 rows, so a client wastes at most one partly filled block) unless ``block_rows`` is given, and as many
-    blocks per chunk as fit in ``max_elements`` values of inputs plus one weight copy per block. The default (16 MB
-    of inputs) bounds a CNN's activations to a few hundred MB: LeNet's first layer holds 4x its input."""
-    if block_rows is None:
-        mean_rows = -(-data.num_rows // max(data.num_clients, 1))
-        block_rows = int(min(max(mean_rows, 1), 256))
+    256 rows, so a client wastes at most one partly filled block), and as many blocks per chunk as fit in
+    ``max_elements`` values of inputs plus one weight copy per block. The default (16 MB of inputs) bounds a CNN's
+    activations to a few hundred MB: LeNet's first layer holds 4x its input."""
+    mean_rows = -(-data.num_rows // max(data.num_clients, 1))
+    block_rows = int(min(max(mean_rows, 1), 256))
     per_block = block_rows * math.prod(data.x.shape[1:]) + dim
     return block_rows, max(1, max_elements // per_block)
+
+
+def scoring_blocks(model: TargetModel, data: ClientSplit, dim: int,
+                   max_elements: int = 4_000_000) -> Iterator[RowBlocks]:
+    """The rows a model is scored (or its features read) on, in blocks whose outputs do not depend on the blocking.
+
+    Rows of a model without batch statistics are independent: fixed-size blocks (:func:`block_plan`). A model with
+    batch statistics (BatchNorm) sees each client's whole split as one block with no padding row, so its statistics
+    cover exactly the client's rows whatever their order (a split is stored class-sorted: blocks of it would each
+    see a few classes)."""
+    if not model.batch_statistics:
+        yield from data.blocks(*block_plan(data, dim, max_elements))
+        return
+    for client in range(data.num_clients):
+        start, count = int(data.starts[client]), int(data.counts[client])
+        if count == 0:
+            continue  # nothing to score; its sums stay zero
+        rows = slice(start, start + count)
+        yield RowBlocks(torch.tensor([client]), data.x[rows].unsqueeze(0), data.y[rows].unsqueeze(0),
+                        torch.ones(1, count, dtype=torch.bool))
 
 
 def sum_by_client(values: torch.Tensor, block: RowBlocks, num_clients: int) -> torch.Tensor:
@@ -397,7 +415,7 @@ def validation_feedback(model: TargetModel, spec: ParamSpec, start: torch.Tensor
     ``val_loss_pair``: ``[S, 2]``, its validation loss at ``start + mu*u`` and ``start - mu*u`` with ``u`` a
     unit direction drawn from ``seeds[i]`` (two scalars; the server redraws ``u`` from the same seed).
     """
-    blocks = list(data.blocks(*block_plan(data, spec.dim)))  # a validation split: small enough to keep
+    blocks = list(scoring_blocks(model, data, spec.dim))  # a validation split: small enough to keep
 
     def losses(weights: torch.Tensor) -> torch.Tensor:
         total = torch.zeros(data.num_clients, dtype=weights.dtype)
@@ -465,17 +483,18 @@ def evaluate_clients(model: TargetModel, spec: ParamSpec, weights: torch.Tensor,
     """Each client's metric with its own weights on its own rows.
 
     Rows go in fixed-size blocks of one client each (:meth:`ClientSplit.blocks`), so the work per chunk does not
-    depend on how unequal the clients are. ``forward``, if given, may replace the model's outputs for a chunk
+    depend on how unequal the clients are; a model with batch statistics sees each client's whole split at once
+    (:func:`scoring_blocks`). ``forward``, if given, may replace the model's outputs for a chunk
     of blocks; it receives the blocks' weights, inputs and owners (positions of their clients in ``data``).
     """
     num_clients = data.num_clients
     metric_sum, loss_sum, abs_error_sum = (torch.zeros(num_clients) for _ in range(3))
     # Every client holding the same weights (a global model): one network on all blocks' rows at once, the
-    # cheapest forward there is. Not for models whose outputs depend on the batch (fixed evaluation blocks).
-    shared = (forward is None and model.evaluation_block_rows is None and len(weights) > 1
+    # cheapest forward there is. Not for models whose outputs depend on the batch.
+    shared = (forward is None and not model.batch_statistics and len(weights) > 1
               and (weights.stride(0) == 0 or all(torch.equal(rows, weights[:1].expand_as(rows))
                                                  for rows in weights.split(256))))
-    for block in data.blocks(*block_plan(data, spec.dim, max_elements, model.evaluation_block_rows)):
+    for block in scoring_blocks(model, data, spec.dim, max_elements):
         if shared:
             rows = block.x.reshape(1, -1, *block.x.shape[2:])
             outputs = model.batched_forward(spec.unflatten(weights[:1]), rows).view(*block.mask.shape, -1)

@@ -36,6 +36,7 @@ from graphfed.methods.base import Method, MethodContext
 from graphfed.models import build_model
 from graphfed.models.base import TargetModel
 from graphfed.models.family import ArchitectureFamily, build_family
+from graphfed.provenance import code_provenance
 from graphfed.sim import checkpoint as io
 from graphfed.sim.client import ClientRule, ClientScores, ClientSetting, LocalTraining
 from graphfed.sim.executor import (
@@ -209,6 +210,18 @@ class Tracker:
             self.best = record
 
 
+def _row_standard_error(scores: ClientScores) -> float | None:
+    """Standard error of the mean-over-clients accuracy from the sampling of test rows alone: each client's accuracy
+    is a binomial proportion over its rows (variance p(1-p)/n), the mean over N clients has variance
+    sum_i p_i(1-p_i)/n_i / N^2. The spread a resampling of test rows would show, when the seed does not change the
+    split (a federation folder)."""
+    scored = torch.isfinite(scores.metric) & (scores.counts > 0)
+    if not bool(scored.any()):
+        return None
+    p, n = scores.metric[scored].double(), scores.counts[scored].double()
+    return float((p * (1 - p) / n).sum().sqrt() / scored.sum())
+
+
 def _mean_std(values: torch.Tensor) -> tuple[float | None, float | None]:
     """Mean and std over clients; clients without a score (NaN: their reply never came) are left out."""
     values = values[torch.isfinite(values)]
@@ -307,6 +320,7 @@ class Simulator:
         record["val_mean"], record["val_std"] = _mean_std(val.metric)
         record["test_mean"], record["test_std"] = _mean_std(test.metric)
         record["test_pooled"] = test.pooled
+        record["test_row_se"] = _row_standard_error(test) if fed.task == "classification" else None
         if fed.task == "regression":
             # MAE beside the (scaled) MSE; ``target_scale`` turns it into the data's own units (e.g. mph)
             record["test_mae"] = float(test.mae.mean())
@@ -546,6 +560,7 @@ class Simulator:
             "status": status,
             "test_mean": best.get("test_mean"), "test_std": best.get("test_std"),
             "test_pooled": best.get("test_pooled"), "val_mean": best.get("val_mean"),
+            "test_row_se": best.get("test_row_se"),
             "test_nonfinite_clients": best.get("test_nonfinite_clients", []),
             "test_mae": best.get("test_mae"), "test_mae_original_units": best.get("test_mae_original_units"),
             "novel_mean": best.get("novel_mean"), "novel_std": best.get("novel_std"),
@@ -572,6 +587,8 @@ class Simulator:
             "bytes_up": self.tracker.bytes_up, "bytes_down": self.tracker.bytes_down,
             "peak_rss_mb": peak_rss_mb(), "torch_threads": cfg.torch_threads,
             "notes": list(self.setup.method.notes),
+            # the code that produced these numbers: bench reruns (or marks stale) a run from other code
+            "code": code_provenance(),
         }
 
 

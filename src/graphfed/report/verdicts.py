@@ -1,0 +1,163 @@
+"""The one verdict rule of every report: a claim is decided by a stated test over seeds, never by counting wins.
+
+The rule (printed in each report that has claims, and tested on made-up rows in ``tests/test_verdicts.py``):
+
+* **The test.** Each comparison of the claimed method with one named baseline is Welch's two-sided t-test on the
+  per-seed scores (one score per seed: the mean over clients at the run's best-validation round), at
+  ``ALPHA`` = 5 %. Welch, because the methods' seed spreads differ by up to 10x (Local against a hypernetwork) and
+  a pooled-variance test would then be wrong in either direction; unpaired, because it holds whether or not a seed
+  fixes the same split for every method (a user's federation folder does not re-split per seed). Spreads are the
+  sample standard deviation (n - 1).
+* **Beats / loses.** The method beats a baseline when its mean is better and the test rejects equality; it loses
+  when the baseline's mean is better and the test rejects equality after Holm's correction over the claim's
+  baselines (a claim against 15 baselines must not fail on one chance loss in 15). "Beats every baseline" needs no
+  correction: it is an intersection of tests, each at 5 %.
+* **A factor** (MSE claims such as "about 100x"): the claimed ratio is tested the same way, Welch's test of the
+  baseline's scores against ``factor`` times the method's; it is reached when the baseline's mean is larger and the
+  test rejects, missed when smaller and the test rejects.
+* **Verdicts.** *holds*: beats every named baseline (and reaches the factor). *does not hold here*: loses to any
+  named baseline, or misses the factor. *partly*: beats at least one baseline and loses to none, the rest
+  undecided (named in the row). *inconclusive*: beats none and loses to none. An undecided comparison states the
+  seeds per method the observed difference would need (80 % power at 5 %, normal approximation), so a reader knows
+  whether more seeds could decide it.
+* With one seed of either method nothing is tested: every comparison is undecided.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import NormalDist, fmean, stdev
+from typing import Literal
+
+from scipy import stats
+
+ALPHA = 0.05
+POWER = 0.8
+TEST_NAME = "Welch's two-sided t-test over seeds at 5 % (Holm-corrected across a claim's baselines for losses)"
+
+Outcome = Literal["beats", "loses", "undecided"]
+
+
+def sample_std(values: Sequence[float]) -> float:
+    """The sample standard deviation (n - 1); 0 for a single value, which says nothing about the spread."""
+    return stdev(values) if len(values) > 1 else 0.0
+
+
+def welch_p_value(a: Sequence[float], b: Sequence[float]) -> float:
+    """Two-sided p-value of Welch's t-test that ``a`` and ``b`` have the same mean; 1.0 when untestable (fewer
+    than two values on a side). Two constant samples: 0 when their values differ, 1 when they are equal."""
+    if len(a) < 2 or len(b) < 2:
+        return 1.0
+    if sample_std(a) == 0 and sample_std(b) == 0:
+        return 0.0 if fmean(a) != fmean(b) else 1.0
+    with warnings.catch_warnings():  # nearly equal samples: scipy warns of precision loss, the p-value is still 1-ish
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def seeds_needed(a: Sequence[float], b: Sequence[float]) -> int | None:
+    """Seeds per method at which the observed difference of means would be detected with 80 % power at 5 %
+    (two-sided, normal approximation with the observed spreads); None when the means are equal (no number of
+    seeds decides a zero difference) or a side has one value (no spread to plan with)."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    difference = abs(fmean(a) - fmean(b))
+    if difference == 0:
+        return None
+    z = NormalDist().inv_cdf(1 - ALPHA / 2) + NormalDist().inv_cdf(POWER)
+    return max(2, math.ceil(z * z * (sample_std(a) ** 2 + sample_std(b) ** 2) / difference ** 2))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The claimed method against one baseline (or against the claimed factor)."""
+
+    baseline: str
+    outcome: Outcome  # for a factor: beats = reached, loses = missed
+    p_value: float
+    method_mean: float
+    baseline_mean: float
+    n_method: int
+    n_baseline: int
+    seeds_needed: int | None  # for an undecided comparison
+    factor: float | None = None  # set when this compares against a claimed ratio
+
+
+def holm_rejections(p_values: Sequence[float], alpha: float = ALPHA) -> list[bool]:
+    """Holm's step-down procedure: which of the hypotheses are rejected, controlling the family-wise error."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    rejected = [False] * len(p_values)
+    for rank, index in enumerate(order):
+        if p_values[index] > alpha / (len(p_values) - rank):
+            break
+        rejected[index] = True
+    return rejected
+
+
+def compare_against(method: Sequence[float], baselines: dict[str, Sequence[float]],
+                    higher_is_better: bool) -> list[Comparison]:
+    """The method against each baseline under the rule in the module docstring."""
+    names = list(baselines)
+    p_values = [welch_p_value(method, baselines[name]) for name in names]
+    loss_rejected = holm_rejections(p_values)
+    comparisons = []
+    for name, p_value, rejected_after_holm in zip(names, p_values, loss_rejected, strict=True):
+        mine, theirs = fmean(method), fmean(baselines[name])
+        better = mine > theirs if higher_is_better else mine < theirs
+        worse = mine < theirs if higher_is_better else mine > theirs
+        if better and p_value < ALPHA:
+            outcome: Outcome = "beats"
+        elif worse and rejected_after_holm:
+            outcome = "loses"
+        else:
+            outcome = "undecided"
+        comparisons.append(Comparison(name, outcome, p_value, mine, theirs, len(method), len(baselines[name]),
+                                      None if outcome != "undecided" else seeds_needed(method, baselines[name])))
+    return comparisons
+
+
+def factor_comparison(method: Sequence[float], baseline: Sequence[float], factor: float,
+                      baseline_name: str) -> Comparison:
+    """Whether ``baseline / method`` reaches ``factor`` (lower is better): Welch's test of the baseline's scores
+    against ``factor`` times the method's. "beats" = reached, "loses" = missed, else undecided."""
+    scaled = [factor * value for value in method]
+    p_value = welch_p_value(baseline, scaled)
+    theirs, target = fmean(baseline), fmean(scaled)
+    if p_value < ALPHA:
+        outcome: Outcome = "beats" if theirs > target else "loses"
+    else:
+        outcome = "undecided"
+    return Comparison(baseline_name, outcome, p_value, target, theirs, len(method), len(baseline),
+                      None if outcome != "undecided" else seeds_needed(baseline, scaled), factor)
+
+
+def verdict(comparisons: Sequence[Comparison]) -> str:
+    """holds / does not hold here / partly (...) / inconclusive, from the comparisons of one claim."""
+    def name(c: Comparison) -> str:
+        return c.baseline if c.factor is None else f"{c.factor:g}x over {c.baseline}"
+
+    beaten = [name(c) for c in comparisons if c.outcome == "beats"]
+    lost = [c.baseline for c in comparisons if c.outcome == "loses" and c.factor is None]
+    missed = [name(c) for c in comparisons if c.outcome == "loses" and c.factor is not None]
+    undecided = [name(c) for c in comparisons if c.outcome == "undecided"]
+    if lost or missed:
+        return "does not hold here (" + "; ".join([*(["loses to " + ", ".join(lost)] if lost else []),
+                                                    *(["misses " + ", ".join(missed)] if missed else [])]) + ")"
+    if not undecided:
+        return "holds"
+    if beaten:
+        return f"partly (beats {', '.join(beaten)}; undecided: {', '.join(undecided)})"
+    return "inconclusive"
+
+
+def seeds_to_decide(comparisons: Sequence[Comparison]) -> int | None:
+    """The most seeds per method any undecided comparison of the claim would need; None if none can say."""
+    needed = [c.seeds_needed for c in comparisons if c.outcome == "undecided" and c.seeds_needed is not None]
+    return max(needed) if needed else None
+
+
+__all__ = ["ALPHA", "TEST_NAME", "Comparison", "compare_against", "factor_comparison", "holm_rejections",
+           "sample_std", "seeds_needed", "seeds_to_decide", "verdict", "welch_p_value"]

@@ -1,0 +1,108 @@
+"""The report's verdict rule on made-up rows: a baseline that beats the method is "does not hold here", a missed
+factor is "does not hold here", overlapping seeds are "inconclusive", and the numbers behind each are Welch's test."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from scipy import stats
+
+from graphfed.report.bench import Claim, claim_verdict, load_suite, verdict_table
+from graphfed.report.verdicts import holm_rejections, seeds_needed, welch_p_value
+
+
+def _row(method: str, values: list[float], metric: str = "accuracy", column: str = "test") -> dict:
+    per_seed = {"test": [], "novel": [], "late": []}
+    per_seed[column] = values
+    return {"method": method, "metric": metric, "per_seed": per_seed}
+
+
+def _claim(better: str, than: list[str], **extra: object) -> Claim:
+    return Claim(claim="c", seed_file="000", table="Table II", dataset="d", better=better, than=than, **extra)
+
+
+def test_a_baseline_that_beats_the_method_means_does_not_hold() -> None:
+    """The old rule said "partly" here because the method beat one baseline; a loss decides the claim."""
+    table = {"d": [_row("m", [0.80, 0.81, 0.79, 0.80]), _row("weak", [0.60, 0.61, 0.59, 0.62]),
+                   _row("strong", [0.90, 0.91, 0.89, 0.90])]}
+    result = claim_verdict(_claim("m", ["weak", "strong"]), table)
+    assert result["verdict"] == "does not hold here (loses to strong)"
+    outcomes = {c["baseline"]: c["outcome"] for c in result["comparisons"]}
+    assert outcomes == {"weak": "beats", "strong": "loses"}
+
+
+def test_a_small_ratio_against_a_large_factor_claim_does_not_hold() -> None:
+    """METR-LA as audited: FedAvg / Panacea = 1.05x against a claimed 100x (MSE, lower is better)."""
+    table = {"d": [_row("panacea", [0.01399, 0.0141, 0.0139], "mse"), _row("fedavg", [0.01465, 0.0147, 0.0146], "mse")]}
+    result = claim_verdict(_claim("panacea", ["fedavg"], factor=100), table)
+    assert result["verdict"].startswith("does not hold here")
+    assert result["verdict"] == "does not hold here (misses 100x over fedavg)"
+    assert "1.05x against 100x: missed" in result["here"]
+    reached = {"d": [_row("p", [0.001, 0.0011, 0.0009], "mse"), _row("f", [0.5, 0.52, 0.48], "mse")]}
+    assert claim_verdict(_claim("p", ["f"], factor=100), reached)["verdict"] == "holds"
+
+
+def test_overlapping_seeds_are_inconclusive_and_say_how_many_seeds_would_decide() -> None:
+    table = {"d": [_row("a", [0.80, 0.84, 0.78]), _row("b", [0.79, 0.82, 0.79])]}
+    result = claim_verdict(_claim("a", ["b"]), table)
+    assert result["verdict"] == "inconclusive"
+    a, b = [0.80, 0.84, 0.78], [0.79, 0.82, 0.79]
+    assert result["seeds_to_decide"] == seeds_needed(a, b) and result["seeds_to_decide"] > 3
+    lines = verdict_table(load_suite_with([_claim("a", ["b"])]), table)
+    assert any("inconclusive; ~" in line and "seeds per method would decide" in line for line in lines)
+
+
+def test_partly_means_beats_some_and_loses_to_none() -> None:
+    table = {"d": [_row("m", [0.80, 0.81, 0.79]), _row("weak", [0.60, 0.61, 0.59]),
+                   _row("close", [0.79, 0.83, 0.78])]}
+    assert claim_verdict(_claim("m", ["weak", "close"]), table)["verdict"] == "partly (beats weak; undecided: close)"
+    assert claim_verdict(_claim("m", ["weak"]), table)["verdict"] == "holds"
+
+
+def test_the_p_values_are_welchs_and_the_spread_is_the_sample_std() -> None:
+    a, b = [0.81, 0.80, 0.83, 0.79], [0.75, 0.78, 0.74]
+    assert welch_p_value(a, b) == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    table = {"d": [_row("a", a), _row("b", b)]}
+    result = claim_verdict(_claim("a", ["b"]), table)
+    assert "a 80.75 ± 1.71 (n=4)" in result["here"]  # sample std of a is 0.0171 (population std: 0.0148)
+    assert welch_p_value([0.9], [0.1, 0.2]) == 1.0  # one seed: nothing is tested
+    assert claim_verdict(_claim("a", ["b"]), {"d": [_row("a", [0.9]), _row("b", [0.1])]})["verdict"] == "inconclusive"
+
+
+def test_losses_are_holm_corrected_across_a_claims_baselines() -> None:
+    assert holm_rejections([0.01, 0.04, 0.03]) == [True, False, False]
+    assert holm_rejections([0.001, 0.02, 0.04]) == [True, True, True]
+
+
+def test_missing_cells_and_other_reports() -> None:
+    table = {"d": [_row("a", [0.8, 0.9])]}
+    assert claim_verdict(_claim("a", ["e"]), table)["verdict"] == "not run yet"
+    see = Claim(claim="robust", seed_file="000", table="Fig. 4", see="../robustness/report.md")
+    assert claim_verdict(see, table)["verdict"] == "see that report"
+    with pytest.raises(ValueError, match="give dataset, better and than"):
+        Claim(claim="vague", seed_file="000", table="Table I")
+    with pytest.raises(ValueError, match="seed_file"):
+        Claim(claim="no source", dataset="d", better="a", than=["b"])  # type: ignore[call-arg]
+
+
+def load_suite_with(claims: list[Claim]):
+    from graphfed.report.bench import Suite
+
+    return Suite(name="s", datasets={"d": {"methods": ["a", "b"]}}, claims=claims)
+
+
+def test_the_committed_paper_report_states_its_counts_and_cites_every_claim() -> None:
+    """The report's first section counts its verdicts, and every verdict row cites a seed file and a table; the
+    report's JSON keeps every seed's score behind them."""
+    out = Path(__file__).parents[1] / "benchmarks" / "results" / "paper"
+    text = (out / "report.md").read_text()
+    verdicts = text[text.index("## Verdicts"):]
+    assert verdicts.splitlines()[2].endswith(".") and "claims: " in verdicts.splitlines()[2]
+    rows = [line for line in verdicts.splitlines() if line.startswith("| ") and "| seed 0" in line]
+    suite = load_suite(out.parents[1] / "suites" / "paper.yaml")
+    assert len(rows) == len(suite.claims)
+    payload = json.loads((out / "report.json").read_text())
+    assert len(payload["verdicts"]) == len(suite.claims)
+    assert all("per_seed" in row for rows_ in payload["tables"].values() for row in rows_)
