@@ -21,6 +21,9 @@ from typing import Any
 
 import yaml
 
+from graphfed.report.verdicts import TEST_NAME, compare_against, sample_std
+from graphfed.report.verdicts import verdict as verdict_of
+
 ROOT = Path(__file__).resolve().parent
 SUITE = ROOT / "suites" / "robustness.yaml"
 RESULTS = ROOT / "results" / "robustness"
@@ -59,12 +62,17 @@ def diverged(summary: dict[str, Any]) -> bool:
     return str(summary.get("status", "")).startswith("stopped:") and "non-finite" in summary["status"]
 
 
+def per_seed(runs: list[dict[str, Any]], key: str) -> list[float]:
+    """``key`` of each run (seed) that has it, in percent."""
+    return [100 * run[key] for run in runs if run.get(key) is not None]
+
+
 def stats(runs: list[dict[str, Any]], key: str) -> tuple[float | None, float | None, int]:
-    """Mean and std (population, over seeds) of ``key`` in percent, and how many runs had it."""
-    values = [100 * run[key] for run in runs if run.get(key) is not None]
+    """Mean and sample std (over seeds) of ``key`` in percent, and how many runs had it."""
+    values = per_seed(runs, key)
     if not values:
         return None, None, 0
-    return statistics.fmean(values), statistics.pstdev(values), len(values)
+    return statistics.fmean(values), sample_std(values), len(values)
 
 
 def cell(runs: list[dict[str, Any]], key: str) -> str:
@@ -103,28 +111,26 @@ def ratio_cell(runs: list[dict[str, Any]], key: str, ratio: int) -> str:
     return cell(runs, "test_mean" if ratio == 0 else key)
 
 
-#: accuracy points within which two methods count as tied (seed-to-seed spread at saturation is about this size)
-MARGIN = 1.0
-
-
 def standing(sweep: str, ratio: int, methods: list[str], method: str) -> tuple[int, int, int] | None:
-    """``(beaten, beaten_by, others)``: how many of the other methods ``method`` beats by more than MARGIN points of
-    honest clients' accuracy at ``ratio``, and how many beat it by more; None when a cell has not run."""
+    """``(beaten, beaten_by, others)`` under the reproduction report's rule (Welch's t-test over seeds at 5 %, losses
+    Holm-corrected): how many of the other methods ``method`` beats on honest clients' accuracy at ``ratio`` and how
+    many beat it; None when a cell has not run."""
     key = "honest_test_mean" if ratio else "test_mean"
-    means = {m: stats(summaries(cell_key(sweep, ratio), m), key)[0] for m in methods}
-    if any(value is None for value in means.values()):
+    scores = {m: per_seed(summaries(cell_key(sweep, ratio), m), key) for m in methods}
+    if any(not values for values in scores.values()):
         return None
-    mine = means[method]
-    others = [value for m, value in means.items() if m != method]
-    return (sum(mine > value + MARGIN for value in others), sum(value > mine + MARGIN for value in others),
-            len(others))
+    comparisons = compare_against(scores[method], {m: v for m, v in scores.items() if m != method},
+                                  higher_is_better=True)
+    return (sum(c.outcome == "beats" for c in comparisons), sum(c.outcome == "loses" for c in comparisons),
+            len(comparisons))
 
 
 def claim_row(claim: str, sweep: str, ratios: tuple[int, ...], methods: list[str], subjects: tuple[str, ...]) -> str:
     """One verdict row: a claim that ``subjects`` (Panacea, and Panacea-GN) do better than most baselines under the
-    attack of ``sweep`` at ``ratios``. Holds: at every ratio one of them beats at least half of the other methods by
-    more than MARGIN points and none beats it by more; partly: at most ratios none beats it by more (it is among the
-    best); does not hold: at most ratios another method beats every subject by more than MARGIN."""
+    attack of ``sweep`` at ``ratios``; at each ratio the subject with the fewest losses (then the most wins) speaks.
+    Holds: at every ratio it beats at least half of the other methods and loses to none; does not hold here: at some
+    ratio another method beats it; partly: it loses to none but beats fewer than half somewhere; inconclusive: it
+    beats none and loses to none at every ratio."""
     texts, outcomes = [], []
     for ratio in ratios:
         best = None
@@ -136,11 +142,15 @@ def claim_row(claim: str, sweep: str, ratios: tuple[int, ...], methods: list[str
                 best = (subject, standing_now)
         subject, (beaten, beaten_by, others) = best  # type: ignore[misc]
         texts.append(f"{ratio} %: {subject} beats {beaten} of {others}, beaten by {beaten_by}")
-        outcomes.append("holds" if beaten_by == 0 and 2 * beaten >= others else "partly" if beaten_by == 0
-                        else "does not hold here")
-    unbeaten = sum(outcome != "does not hold here" for outcome in outcomes)
-    verdict = ("holds" if all(o == "holds" for o in outcomes)
-               else "partly" if 2 * unbeaten > len(outcomes) else "does not hold here")
+        outcomes.append((beaten, beaten_by, others))
+    if any(beaten_by for _, beaten_by, _ in outcomes):
+        verdict = "does not hold here"
+    elif all(2 * beaten >= others for beaten, _, others in outcomes):
+        verdict = "holds"
+    elif any(beaten for beaten, _, _ in outcomes):
+        verdict = "partly (loses to none, beats fewer than half at some ratio)"
+    else:
+        verdict = "inconclusive"
     return f"| {claim} | {'; '.join(texts)} | {verdict} |"
 
 
@@ -161,28 +171,28 @@ def plot_sweeps(methods: list[str]) -> None:
 
 
 def verdicts(methods: list[str]) -> list[str]:
-    lines = ["A claim **holds** when, at every ratio, the paper's method beats at least half of the other methods by "
-             f"more than {MARGIN:g} point of honest clients' accuracy and none beats it by more; **partly** when at "
-             "most ratios none beats it by more (it is among the best without beating most); **does not hold here** "
-             "otherwise.", "",
-             "| claim (paper) | here (honest clients' accuracy; a margin of "
-             f"{MARGIN:g} point counts as a tie) | verdict |", "|---|---|---|"]
+    lines = [f"One method beats another by the reproduction report's rule: {TEST_NAME}, on the per-seed honest "
+             "clients' accuracy. A claim **holds** when, at every ratio, the paper's method beats at least half of the "
+             "other methods and none beats it; **does not hold here** when at some ratio another method beats it; "
+             "**partly** when none beats it but it beats fewer than half at some ratio; **inconclusive** when it "
+             "beats none and none beats it.", "",
+             "| claim (paper) | here (honest clients' accuracy) | verdict |", "|---|---|---|"]
     for sweep in ("fl60-mp", "fmnist-mp"):
         lines.append(claim_row(f"Panacea outperforms most baselines under model poisoning at 10-50 % (journal Fig. 4) "
                                f"— {SWEEPS[sweep]}", sweep, RATIOS[1:], methods, ("panacea",)))
     lines.append(claim_row("Panacea and Panacea-GN keep superior accuracy under 30 % and 40 % label flipping "
                            "(conference Fig. 2 e-f)", "fl60-lf", (30, 40), methods, ("panacea", "panacea-gn")))
-    asr = {method: stats(summaries("fmnist-bd-st", method), "asr_honest")[:2]
+    asr = {method: per_seed(summaries("fmnist-bd-st", method), "asr_honest")
            for method in ("panacea", "fedavg", "ditto")}
-    if any(mean is None for mean, _ in asr.values()):
+    if any(not values for values in asr.values()):
         verdict, text = "not run yet", "—"
-    else:
-        # "far below": lower by more than the seeds' spread (holds), or only by more than MARGIN (partly)
-        gap = min(asr["fedavg"][0], asr["ditto"][0]) - asr["panacea"][0]  # type: ignore[operator]
-        spread = max(std for _, std in asr.values())  # type: ignore[type-var]
-        verdict = ("holds" if gap > max(MARGIN, spread) else  # type: ignore[operator]
-                   "partly (lower, within the seeds' spread)" if gap > MARGIN else "does not hold here")
-        text = ", ".join(f"{m} {mean:.1f} ± {std:.1f} %" for m, (mean, std) in asr.items())
+    else:  # lower ASR is better
+        comparisons = compare_against(asr["panacea"], {"fedavg": asr["fedavg"], "ditto": asr["ditto"]},
+                                      higher_is_better=False)
+        verdict = verdict_of(comparisons)
+        p_values = {c.baseline: c.p_value for c in comparisons}
+        text = ", ".join(f"{m} {statistics.fmean(v):.1f} ± {sample_std(v):.1f} % (n={len(v)})"
+                         + (f", p={p_values[m]:.2g}" if m in p_values else "") for m, v in asr.items())
     lines.append(f"| With Simple-Tuning, Panacea's ASR (47.1 %) is far below FedAvg's and Ditto's (> 66 %) "
                  f"(journal Table V) | honest clients' ASR: {text} | {verdict} |")
     return lines
@@ -214,10 +224,13 @@ def findings(methods: list[str]) -> list[str]:
     attacker = {m: stats(summaries("fmnist-bd-st", m), "asr_malicious")[0] for m in BACKDOOR_METHODS}
     if None not in (*plain.values(), *tuned.values(), *attacker.values()):
         top = max(plain, key=lambda m: plain[m])  # type: ignore[arg-type,return-value]
-        lowered = [m for m in BACKDOOR_METHODS if tuned[m] < plain[m] - MARGIN]  # type: ignore[operator]
+        lowered = [m for m in BACKDOOR_METHODS  # lower by the report's test over seeds
+                   if compare_against(per_seed(summaries("fmnist-bd-st", m), "asr_honest"),
+                                      {"plain": per_seed(summaries("fmnist-bd", m), "asr_honest")},
+                                      higher_is_better=False)[0].outcome == "beats"]
         lines.append(f"- The backdoor of one client in 20 reaches the honest clients far less than in the paper's "
                      f"Table V (highest honest ASR here: {top} {plain[top]:.1f} %). Simple-Tuning lowers the honest "
-                     f"clients' ASR by more than {MARGIN:g} point for {len(lowered)} of {len(BACKDOOR_METHODS)} "
+                     f"clients' ASR (Welch's test over seeds, 5 %) for {len(lowered)} of {len(BACKDOOR_METHODS)} "
                      f"methods ({', '.join(f'{m} {plain[m]:.1f} → {tuned[m]:.1f}' for m in lowered)}); the attacker's "
                      f"own retrained head keeps the backdoor (its ASR with Simple-Tuning: "
                      f"{min(attacker.values()):.1f}-{max(attacker.values()):.1f} %).")  # type: ignore[type-var]
@@ -247,6 +260,19 @@ def budget(data: dict[str, Any], key: str) -> str:
             f"MLP {config['model']['options']}")
 
 
+def provenance_line() -> str:
+    """Which code produced the runs (each summary's code id; runs made before provenance have none)."""
+    from collections import Counter
+
+    from graphfed.provenance import code_id_of
+
+    ids = Counter(code_id_of(json.loads(path.read_text()))
+                  for path in sorted((RESULTS / "runs").glob("*/*/seed*/summary.json")))
+    return ("**Code.** Runs by the code id that produced them (`code` in each summary.json; `unrecorded`: made "
+            "before runs recorded it, so stale against any code id of today and to be re-run): "
+            + ", ".join(f"`{code}` {count}" for code, count in sorted(ids.items())) + ".")
+
+
 def render() -> str:
     data = suite()
     methods = sweep_methods(data)
@@ -260,7 +286,7 @@ def render() -> str:
              "stay clean. Each run's number is the personalised test accuracy averaged over its **honest** clients "
              "(`honest_test_mean`) at the round of best mean validation accuracy over all training clients (the "
              "server cannot tell who is malicious); the 0 % column has no attacker and averages all clients. Cells "
-             "are mean ± std over 3 seeds (population std). Accuracy in %.", "",
+             "are mean ± sample std over 3 seeds. Accuracy in %.", "", provenance_line(), "",
              "**Diverged runs.** Under model poisoning some methods blow up: a client update or the server's weights "
              "become NaN/Inf and the run stops (`status: stopped: ...`, last good checkpoint kept). Such a run is "
              "scored at its best-validation round before it stopped, as a practitioner would keep the best "
