@@ -200,6 +200,74 @@ def percent(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:.1f}"
 
 
+def is_stale(name: str, reference_code: str) -> bool:
+    """Whether a cell's run came from other code than the report's (every cell before provenance existed did)."""
+    from graphfed.provenance import code_id_of
+
+    summary = summary_of(name)
+    return summary is not None and code_id_of(summary) != reference_code
+
+
+def mark(label: str, name: str, reference_code: str) -> str:
+    return f"{label} †" if is_stale(name, reference_code) else label
+
+
+#: the paper's claims (seed file 001) against this report's cells: (claim, table, paper's numbers, ours, baseline)
+CLAIMS = [
+    ("FLHA-GHN beats Local at 6.25 % of the data", "Table 1",
+     "Arch 0-3: FLHA-GHN 86.8 / 85.6 / 83.9 / 85.4, Local 76.9 / 75.6 / 75.6 / 74.5", "t1-6.25-flha-ghn",
+     "t1-6.25-local"),
+    ("FLHA-GHN beats Local at 12.5 % of the data", "Table 1",
+     "Arch 0-3: FLHA-GHN 89.5 / 88.1 / 86.5 / 88.5, Local 79.2 / 75.6 / 74.5 / 80.0", "t1-12.5-flha-ghn",
+     "t1-12.5-local"),
+    ("FLHA-GHN beats Local at 25 % of the data", "Table 1",
+     "Arch 0-3: FLHA-GHN 90.4 / 89.0 / 87.3 / 88.5, Local 86.3 / 84.6 / 84.7 / 85.4", "t1-25-flha-ghn",
+     "t1-25-local"),
+    ("FLHA-GHN beats FLHA-distillation at 6.25 %", "Table 1",
+     "Arch 0-3: FLHA-GHN 86.8 / 85.6 / 83.9 / 85.4, FLHA-distillation 77.4 / 75.9 / 75.7 / 74.8",
+     "t1-6.25-flha-ghn", "t1-6.25-flha-distill"),
+    ("The GNN helps (chains of one layer type, 12.5 %)", "Table 2",
+     "4/7/10/13 layers: with GNN 67.7 / 78.2 / 77.8 / 74.4, without 60.2 / 75.5 / 73.8 / 70.1", "t2-gnn6",
+     "t2-gnn0"),
+]
+
+
+def verdict_rows(reference_code: str) -> list[str]:
+    """The claims in the reproduction report's format, decided by its rule (graphfed.report.verdicts) on the
+    per-seed mean over clients; a cell from other code is left out (stale)."""
+    from graphfed.report.verdicts import compare_against, seeds_to_decide, verdict
+
+    lines = ["| claim | paper | paper's numbers | here | verdict |", "|---|---|---|---|---|"]
+    for claim, table, numbers, ours, theirs in CLAIMS:
+        a, b = summary_of(ours), summary_of(theirs)
+        if a is None or b is None or is_stale(ours, reference_code) or is_stale(theirs, reference_code):
+            missing = [n for n, s in ((ours, a), (theirs, b)) if s is None or is_stale(n, reference_code)]
+            lines.append(f"| {claim} | seed 001, {table} | {numbers} | not run with today's code: "
+                         f"{', '.join(missing)} | not run yet |")
+            continue
+        comparisons = compare_against([a["test_mean"]], {theirs: [b["test_mean"]]}, higher_is_better=True)
+        needed = seeds_to_decide(comparisons)
+        text = verdict(comparisons) + ("" if needed is None else f"; ~{needed} seeds per method would decide")
+        lines.append(f"| {claim} | seed 001, {table} | {numbers} | `{ours}` {percent(a['test_mean'])} vs `{theirs}` "
+                     f"{percent(b['test_mean'])} (n=1 each: one seed tests nothing) | {text} |")
+    return lines
+
+
+def gap_rows(reference_code: str) -> list[str]:
+    """Validation minus test accuracy of Table 1's cells: a large gap was the sign of order-dependent BN scoring."""
+    lines = ["| cell | validation % | test % | validation - test (points) |", "|---|---|---|---|"]
+    for tag in ("6.25", "12.5", "25"):
+        for name in ("upper", "local", "pfedhn", "flha-distill", "flha-ghn"):
+            cell = f"t1-{tag}-{name}"
+            summary = summary_of(cell)
+            if summary is None:
+                continue
+            gap = 100 * (summary["val_mean"] - summary["test_mean"])
+            lines.append(f"| {mark(cell, cell, reference_code)} | {percent(summary['val_mean'])} | "
+                         f"{percent(summary['test_mean'])} | {gap:+.1f} |")
+    return lines
+
+
 def by_arch(summary: dict[str, Any] | None, archs: list[str]) -> list[str]:
     if summary is None:
         return ["not run"] * len(archs)
@@ -207,7 +275,7 @@ def by_arch(summary: dict[str, Any] | None, archs: list[str]) -> list[str]:
     return [percent(values.get(arch)) for arch in archs]
 
 
-def table1() -> list[str]:
+def table1(reference_code: str) -> list[str]:
     lines = ["| data % | method | Arch 0 | Arch 1 | Arch 2 | Arch 3 | paper (Arch 0-3) |",
              "|---|---|---|---|---|---|---|"]
     for tag in ("6.25", "12.5", "25"):
@@ -219,7 +287,8 @@ def table1() -> list[str]:
                 row = [cell[0], "", "", ""]
             else:
                 row = by_arch(summary, ARCHS)
-            lines.append(f"| {tag} | {LABELS[name]} | {' | '.join(row)} | {paper} |")
+            label = mark(LABELS[name], f"t1-{tag}-{name}", reference_code)
+            lines.append(f"| {tag} | {label} | {' | '.join(row)} | {paper} |")
     return lines
 
 
@@ -325,8 +394,13 @@ def simple_rows(names: list[tuple[str, str]], archs: list[str]) -> list[str]:
     return lines
 
 
-def render() -> str:
-    """The report's text, from the run directories alone."""
+def render(reference_code: str | None = None) -> str:
+    """The report's text, from the run directories alone; cells whose code id is not ``reference_code`` (default:
+    the running code's) are marked stale (†)."""
+    from graphfed.provenance import code_provenance
+
+    reference_code = reference_code or str(code_provenance()["code_id"])
+    stale = [name for name in cells() if is_stale(name, reference_code)]
     lines = ["# FLHA-GHN on a 2-core CPU: the paper's experiments at a reduced budget", "",
              "Produced by `.venv/bin/python benchmarks/flha.py run` (the runs, resumable) and "
              "`.venv/bin/python benchmarks/flha.py report` (this file, from `runs/*/summary.json` alone).", "",
@@ -341,7 +415,16 @@ def render() -> str:
              "", "Cells marked *not run* did not fit the CPU time of the session that produced this report (a cell "
              "takes 2-6 minutes on 2 cores); `benchmarks/flha.py run` runs exactly those (finished cells are "
              "skipped) and `report` rewrites this file.",
+             "", f"Code: this report was written by code id `{reference_code}`. Cells marked † come from earlier code "
+             "that scored BatchNorm networks in 256-row blocks of class-sorted rows (so a block saw a few classes and "
+             "its statistics depended on row order); today's code scores each client's whole split as one batch. "
+             f"Stale cells ({len(stale)}): {', '.join(stale) or 'none'}; `benchmarks/flha.py run` re-runs a cell "
+             "once its directory is removed.",
              "", "## Verdicts", "",
+             "The reproduction report's rule (`graphfed/report/verdicts.py`: Welch's t-test over seeds at 5 %) on "
+             "the mean over clients of each cell; with one seed per cell nothing can be decided, and the table says "
+             "so instead of counting wins.", "", *verdict_rows(reference_code), "",
+             "Per architecture (points, one seed):", "",
              f"- **FLHA-GHN beats Local at 6.25 % data**: {verdict_local('6.25')}.",
              f"- With 3x the budget (2,400 steps): {verdict_local('6.25', 'long')}.",
              f"- At 12.5 %: {verdict_local('12.5')}. At 25 %: {verdict_local('25')}.",
@@ -350,7 +433,7 @@ def render() -> str:
              f"- GNN importance (Table 2): {verdict_mean('t2-gnn6', 't2-gnn0', 'with the GNN', 'without')}.",
              f"- FLHA-GHN vs FLHA-distillation at 6.25 %: "
              f"{verdict_mean('t1-6.25-flha-ghn', 't1-6.25-flha-distill', 'FLHA-GHN', 'FLHA-distillation')}.", "",
-             "## Table 1: accuracy per architecture (CIFAR-10)", "", *table1(), "",
+             "## Table 1: accuracy per architecture (CIFAR-10)", "", *table1(reference_code), "",
              *reading(), "",
              "## A longer budget at 6.25 % (60 rounds x 40 steps = 2,400 steps per client)", "",
              "| method | Arch 0 | Arch 1 | Arch 2 | Arch 3 | mean |", "|---|---|---|---|---|---|",
@@ -395,6 +478,9 @@ def render() -> str:
         row = by_arch(summary, [*ARCHS, "small"])
         mean = "not run" if summary is None else percent(summary["test_mean"])
         lines.append(f"| Arch {replaced} | {' | '.join(row)} | {mean} |")
+    lines += ["", "## Validation minus test (Table 1's cells)", "",
+              "Each client's validation and test rows are drawn from the same pool: a gap of several points is not "
+              "a budget effect. The † cells were scored in blocks of class-sorted rows.", "", *gap_rows(reference_code)]
     lines += ["", "## What differs from the paper", "",
               "- Budget and widths as stated above; one seed; 4 clients (the paper's 8- and 16-client layouts are not "
               "run); CIFAR-100 and chest X-ray are not available here.",
@@ -403,8 +489,8 @@ def render() -> str:
               "- GHN heads: the hidden features are scaled to unit length before the output layer, so the generated "
               "weights start with Kaiming statistics whatever the GNN outputs (the paper scales a Xavier "
               "initialisation by sqrt(2 c_in / d_lat)); see `src/graphfed/nn/ghn.py`.",
-              "- BatchNorm uses batch statistics in training and evaluation (no running statistics to generate or "
-              "exchange).",
+              "- BatchNorm uses batch statistics (no running statistics to generate or exchange): training batches "
+              "of 32 drawn from a client's rows, evaluation on each client's whole split at once.",
               "- FLHA-distillation distils once, from the final teacher, for as many steps as a client trains in the "
               "federation; pFedHN's hypernetwork has hidden size 32 (its per-architecture heads are otherwise "
               "tens of millions of parameters) and its heads start at each architecture's initialisation. pFedHN "

@@ -357,4 +357,8 @@ def test_the_flha_report_is_regenerated_from_its_run_directories() -> None:
     sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
     import flha
 
-    assert (flha.RESULTS / "report.md").read_text() == flha.render()
+    committed = (flha.RESULTS / "report.md").read_text()
+    # stale marks are relative to the code that wrote the report (named in it), so later commits do not move them
+    written_by = re.search(r"written by code id `([0-9a-f]+)`", committed)
+    assert written_by is not None
+    assert committed == flha.render(written_by.group(1))

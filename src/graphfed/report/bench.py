@@ -406,6 +406,8 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
     # runs from other code than the report's: marked in the table and listed under it, never mixed silently
     stale = {method: [code_id_of(s) for s in runs if code_id_of(s) != reference_code]
              for method, runs in completed.items() if runs}
+    for row in rows:
+        row["stale_runs"] = len(stale.get(row["method"], []))  # a verdict on them says so
     with_mae = any(row["mae_original_units"] for row in rows)  # regression with a known target scale
     with_late = any(row["late"] for row in rows)  # clients that joined late (train.late_clients)
     own_settings = {label: variant.config for label, variant in entry.variants.items() if variant.config}
@@ -527,8 +529,12 @@ def claim_verdict(claim: Claim, tables: dict[str, list[dict[str, Any]]]) -> dict
             reached = {"beats": "reached", "loses": "missed", "undecided": "undecided"}[comparison.outcome]
             shown.append(f"ratio {comparison.baseline}/{claim.better} = {ratio:.3g}x against "
                          f"{claim.factor:g}x: {reached}, p={comparison.p_value:.2g}")
+    stale = [m for m in needed if rows[m].get("stale_runs")]
+    if stale:
+        shown.append(f"runs from older code (†) in {', '.join(stale)}")
     return {"here": f"`{claim.dataset}`, {claim.column}: " + "; ".join(shown), "verdict": verdict(comparisons),
-            "comparisons": [asdict(c) for c in comparisons], "seeds_to_decide": seeds_to_decide(comparisons)}
+            "comparisons": [asdict(c) for c in comparisons], "seeds_to_decide": seeds_to_decide(comparisons),
+            "stale_methods": stale}
 
 
 VERDICT_KINDS = ("holds", "partly", "inconclusive", "does not hold here", "not run yet", "see that report")
@@ -565,7 +571,7 @@ def verdict_table(suite: Suite, tables: dict[str, list[dict[str, Any]]]) -> list
              "does not hold here may hold at the papers' budget.", "",
              "| claim | paper | paper's numbers | here | verdict |", "|---|---|---|---|---|"]
     for claim, item in zip(suite.claims, verdicts, strict=True):
-        decide = item["seeds_to_decide"]
+        decide = item["seeds_to_decide"] if verdict_kind(item["verdict"]) in ("partly", "inconclusive") else None
         verdict_text = item["verdict"] + (f"; ~{decide} seeds per method would decide the rest"
                                           if decide is not None else "")
         title = claim.claim + (" *(our question)*" if claim.question else "") + (f" ({claim.note})" if claim.note
