@@ -38,6 +38,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -455,6 +456,12 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
     if stale_rows:
         lines += ["", f"† Stale: runs from other code than this report's (code id {reference_code}), kept until "
                   "re-run: " + "; ".join(stale_rows) + "."]
+    torch_versions = Counter(str((s.get("code") or {}).get("torch", "unrecorded"))
+                             for runs in completed.values() for s in runs)
+    if len(torch_versions) > 1:  # the same code can compute other numbers under another torch: say so
+        lines += ["", "Runs by torch version (summary.json `code.torch`; the same code and config can give other "
+                  "numbers under another torch): " + ", ".join(f"{version} {count}" for version, count
+                                                              in sorted(torch_versions.items())) + "."]
     missing = [f"`{method}`: {'; '.join(statuses)}" for method, statuses in failed.items() if statuses]
     if missing:
         lines += ["", "Not completed (left out of the table): " + " — ".join(missing)]
