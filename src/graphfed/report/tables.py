@@ -7,16 +7,16 @@ from collections.abc import Sequence
 from typing import Any
 
 
+def _present(values: Sequence[float | None]) -> list[float]:
+    return [v for v in values if v is not None]
+
+
 def _mean_std(values: Sequence[float | None]) -> tuple[float, float] | None:
     """Mean and sample standard deviation (n - 1; 0 for one value, which tables print as n=1)."""
-    present = [v for v in values if v is not None]
+    present = _present(values)
     if not present:
         return None
     return statistics.fmean(present), statistics.stdev(present) if len(present) > 1 else 0.0
-
-
-def _present(values: Sequence[float | None]) -> list[float]:
-    return [v for v in values if v is not None]
 
 
 #: width tables are laid out in when output is not a terminal (a pipe, a file, CI): wide enough that no value is
@@ -79,8 +79,7 @@ def compare_rows(summaries: dict[str, list[dict[str, Any]]]) -> list[dict[str, A
             # standard error over test rows (classification; runs before it was recorded lack it)
             "row_se": _mean_std([r.get("test_row_se") for r in runs]),
             "peak_rss_mb": max((r["peak_rss_mb"] for r in runs if r.get("peak_rss_mb") is not None), default=None),
-            # the per-seed scores the verdicts test (report.json keeps them)
-            "seed_ids": [r.get("seed") for r in runs],
+            # the per-seed scores the verdicts test (report.json keeps them, and each run's summary with its seed)
             "per_seed": {"test": _present([r["test_mean"] for r in runs]),
                          "novel": _present([r["novel_mean"] for r in runs]),
                          "late": _present([r.get("late_test_final") for r in runs])},
