@@ -1,0 +1,78 @@
+"""Tiny seeded runs of every method whose exact numbers pin behaviour across refactors.
+
+``python tests/golden_runs.py write`` records them in ``tests/data/golden_runs.json`` (run it on the commit whose
+numbers are the reference); ``tests/test_golden_runs.py`` re-runs them and compares.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+GOLDEN = Path(__file__).parent / "data" / "golden_runs.json"
+BASE: dict[str, Any] = {
+    "seed": 3, "torch_threads": 1,
+    "dataset": {"name": "digits", "num_clients": 6, "novel_fraction": 0.0},
+    "model": {"name": "mlp", "options": {"hidden": 16}},
+    "train": {"rounds": 4, "clients_per_round": 4, "local_steps": 5, "batch_size": 16, "lr": 0.1, "eval_every": 2,
+              "checkpoint_every": 4},
+}
+#: a few hundred MNIST rows (from ../shared/data) for the image models
+IMAGES: dict[str, Any] = {"name": "mnist", "num_clients": 4, "client_fraction": 0.01}
+#: configs that differ from BASE (method name -> overrides)
+SPECIAL: dict[str, dict[str, Any]] = {
+    "panacea": {"dataset": {"name": "fl60", "novel_fraction": 0.2}, "train": {"novel_adapt_rounds": 2},
+                "method": {"options": {"embedding_dim": 4, "gnn_hidden": 8, "hypernet_hidden": 8, "server_steps": 2}}},
+    "pfedgat": {"method": {"options": {"feedback": "loss_only"}}},
+    "fedpac": {"model": {"name": "cnn-bn", "options": {}}, "dataset": IMAGES},
+    "flha-ghn": {"model": {"name": "resnet-like", "options": {"width": 4}, "architectures": ["arch0", "arch1"]},
+                 "dataset": IMAGES},
+    "flha-distill": {"method": {"options": {"distill_steps": 10}}, "model": {"name": "resnet-like", "options": {"width": 4}, "architectures": ["arch0", "arch1"]},
+                     "dataset": IMAGES},
+}
+KEYS = ("test_mean", "val_mean", "test_std", "best_round", "final_test_mean", "novel_mean", "novel_adapted_mean",
+        "bytes_up", "bytes_down", "num_params")
+
+
+def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        # a dataset is replaced whole (another dataset's fields may not apply); other sections merge
+        out[key] = merged(base.get(key, {}), value) if isinstance(value, dict) and key in ("train",) else value
+    return out
+
+
+def config_of(method: str) -> dict[str, Any]:
+    special = SPECIAL.get(method, {})
+    config = merged(BASE, {k: v for k, v in special.items() if k != "method"})
+    config["method"] = {"name": method, **special.get("method", {})}
+    return config
+
+
+def numbers(method: str) -> dict[str, Any]:
+    from graphfed.config import validate_config
+    from graphfed.sim.engine import run_config
+
+    result = run_config(validate_config(config_of(method)), None, progress=False)
+    read = (lambda key: getattr(result, key)) if not isinstance(result, dict) else result.get
+    return {key: read(key) for key in KEYS}
+
+
+def methods() -> list[str]:
+    from graphfed.methods import METHODS
+
+    return sorted(METHODS)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["write"]:
+    import time
+
+    recorded = {}
+    for name in methods():
+        begin = time.perf_counter()
+        recorded[name] = numbers(name)
+        print(f"{name}: {time.perf_counter() - begin:.1f} s", flush=True)
+    GOLDEN.write_text(json.dumps(recorded, indent=1) + "\n")
+    print(f"wrote {GOLDEN}")
