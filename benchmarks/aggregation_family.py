@@ -20,12 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
+from graphfed import runs
+from graphfed.bench import Cell, load_suite, run_suite, suite_cells
 from graphfed.config import RunConfig
 from graphfed.data import build_federation
-from graphfed.report.bench import Cell, load_suite, run_suite, suite_cells
 from graphfed.report.collaboration import group_weights, max_deviation_from_uniform
 from graphfed.report.plots import plot_graphs
-from graphfed.sim import checkpoint as io
 
 REPO = Path(__file__).resolve().parent.parent
 SUITE = REPO / "benchmarks" / "suites" / "aggregation.yaml"
@@ -36,7 +36,7 @@ CHECKED = ("fedaghn", "pfedgat")  # the issue's checks; other rows (e.g. the pap
 
 
 def _last_graph(run_dir: Path) -> tuple[int, list[str], np.ndarray]:
-    saved = io.load_graphs(run_dir)
+    saved = runs.load_graphs(run_dir)
     if not saved:
         raise FileNotFoundError(f"{run_dir}: no collaboration graphs saved")
     return saved[-1]
@@ -90,7 +90,7 @@ def depth_section(cells: list[Cell], out: Path, groups_by_seed: dict[int, np.nda
     (the first saved round, one third, two thirds, the last), from each run's saved graphs."""
     lines: list[str] = []
     for cell in cells:
-        saved = io.load_graphs(cell.directory(out))
+        saved = runs.load_graphs(cell.directory(out))
         stages = [saved[i] for i in sorted({0, len(saved) // 3, 2 * len(saved) // 3, len(saved) - 1})]
         groups = groups_by_seed[cell.config.seed]
         lines += [f"**{cell.method}, seed {cell.config.seed}**", "",

@@ -10,7 +10,7 @@ mini-batch indices (drawn beforehand with ``draw_batch_indices``, untimed):
 
 Sides:
 
-* **graphfed**: one call of :func:`graphfed.sim.client.train_clients` for all clients (grouped convolutions);
+* **graphfed**: one call of :func:`graphfed.client.training.train_clients` for all clients (grouped convolutions);
 * **loop**: per client an ``nn.Module`` and ``torch.optim.SGD``, ``zero_grad / backward / step``, client after
   client (what pfl-research and Flower do);
 * **floor**: ONE network trained on all clients' images of a step at once (a combined batch of S x B images):
@@ -36,13 +36,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from graphfed.client.contract import LocalTraining, plain_sgd
+from graphfed.client.training import draw_batch_indices, train_clients
 from graphfed.config import DatasetConfig
 from graphfed.core.params import ParamSpec
 from graphfed.data import build_federation
 from graphfed.data.federation import ClientSplit
 from graphfed.models import build_model
 from graphfed.models.base import TargetModel
-from graphfed.sim.client import LocalTraining, draw_batch_indices, train_clients
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_throughput import Timed, machine_info, sgd_through_batches, time_interleaved
@@ -94,7 +95,8 @@ def _workload(name: str, fed: Any, model_name: str, clients: torch.Tensor, train
 
 def run_graphfed(work: Workload, model: TargetModel) -> torch.Tensor:
     spec = ParamSpec.from_module(model)
-    return train_clients(model, spec, work.start, work.data, work.training, "classification", work.seeds).trained
+    return train_clients(model, spec, work.start, work.data, plain_sgd(spec, "classification", work.training),
+                         work.seeds).trained
 
 
 def run_loop(work: Workload, indices: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from graphfed.report.bench import load_suite, suite_cells
+from graphfed.bench import load_suite, suite_cells
 from graphfed.sim.engine import Simulator
 
 REPO = Path(__file__).resolve().parent.parent

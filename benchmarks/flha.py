@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from graphfed.runs import RunResult, read_result
+
 RESULTS = Path(__file__).resolve().parent / "results" / "flha"
 RUNS = RESULTS / "runs"
 ARCHS = ["arch0", "arch1", "arch2", "arch3"]
@@ -113,15 +115,17 @@ def refinement_curves(out: Path, overrides: list[str], steps: int = TOTAL_STEPS,
     from scratch (same SGD, lr, batches); test accuracy every ``every`` steps."""
     import torch
 
+    from graphfed.client.contract import LocalTraining, plain_sgd
+    from graphfed.client.evaluation import evaluate_clients
+    from graphfed.client.training import train_clients
     from graphfed.config import load_config
     from graphfed.core.params import ParamSpec
-    from graphfed.sim import checkpoint as io
-    from graphfed.sim.client import LocalTraining, evaluate_clients, train_clients
+    from graphfed.sim import checkpoint
     from graphfed.sim.engine import Simulator
 
     config = load_config(None, overrides)
     simulator = Simulator(config, progress=False)
-    simulator.setup.method.load_state_dict(io.load_checkpoint(out)["method"])
+    simulator.setup.method.load_state_dict(checkpoint.load_checkpoint(out)["method"])
     federation, family = simulator.setup.federation, simulator.setup.family
     assert family is not None
     novel = federation.novel_client_ids
@@ -142,8 +146,8 @@ def refinement_curves(out: Path, overrides: list[str], steps: int = TOTAL_STEPS,
             accuracy.append(float(scores.metric.mean()))
             if chunk < steps // every:
                 seeds = [1_000_003 * chunk + int(c) for c in novel]  # the same batches for both starts
-                weights = train_clients(architecture, spec, weights, federation.train.select(novel), training,
-                                        "classification", seeds).trained
+                weights = train_clients(architecture, spec, weights, federation.train.select(novel),
+                                        plain_sgd(spec, "classification", training), seeds).trained
         curves[name] = accuracy
     return {"architecture": family.names[arch], "steps": list(range(0, steps + 1, every)), **curves}
 
@@ -172,7 +176,7 @@ def run(only: str | None) -> None:
             continue
         (out / "checkpoint.pt").unlink(missing_ok=True)
         shutil.rmtree(out / "graphs", ignore_errors=True)
-        print(f"{name}: test {summary['test_mean']:.4f} by arch {summary.get('test_by_architecture')} "
+        print(f"{name}: test {summary.test_mean:.4f} by arch {summary.test_by_architecture} "
               f"({time.perf_counter() - start:.0f} s)", flush=True)
 
 
@@ -191,9 +195,8 @@ LABELS = {"local": "Local training", "pfedhn": "pFedHN (per-architecture heads)"
           "flha-distill": "FLHA-distillation", "flha-ghn": "FLHA-GHN", "upper": "Upper bound (all Arch 0, FedAvg)"}
 
 
-def summary_of(name: str) -> dict[str, Any] | None:
-    path = RUNS / name / "summary.json"
-    return json.loads(path.read_text()) if path.exists() else None
+def summary_of(name: str) -> RunResult | None:
+    return read_result(RUNS / name) if (RUNS / name / "summary.json").exists() else None
 
 
 def percent(value: float | None) -> str:
@@ -245,11 +248,11 @@ def verdict_rows(reference_code: str) -> list[str]:
             lines.append(f"| {claim} | seed 001, {table} | {numbers} | not run with today's code: "
                          f"{', '.join(missing)} | not run yet |")
             continue
-        comparisons = compare_against([a["test_mean"]], {theirs: [b["test_mean"]]}, higher_is_better=True)
+        comparisons = compare_against([a.test_mean], {theirs: [b.test_mean]}, higher_is_better=True)
         needed = seeds_to_decide(comparisons)
         text = verdict(comparisons) + ("" if needed is None else f"; ~{needed} seeds per method would decide")
-        lines.append(f"| {claim} | seed 001, {table} | {numbers} | `{ours}` {percent(a['test_mean'])} vs `{theirs}` "
-                     f"{percent(b['test_mean'])} (n=1 each: one seed tests nothing) | {text} |")
+        lines.append(f"| {claim} | seed 001, {table} | {numbers} | `{ours}` {percent(a.test_mean)} vs `{theirs}` "
+                     f"{percent(b.test_mean)} (n=1 each: one seed tests nothing) | {text} |")
     return lines
 
 
@@ -262,16 +265,16 @@ def gap_rows(reference_code: str) -> list[str]:
             summary = summary_of(cell)
             if summary is None:
                 continue
-            gap = 100 * (summary["val_mean"] - summary["test_mean"])
-            lines.append(f"| {mark(cell, cell, reference_code)} | {percent(summary['val_mean'])} | "
-                         f"{percent(summary['test_mean'])} | {gap:+.1f} |")
+            gap = 100 * (summary.val_mean - summary.test_mean)
+            lines.append(f"| {mark(cell, cell, reference_code)} | {percent(summary.val_mean)} | "
+                         f"{percent(summary.test_mean)} | {gap:+.1f} |")
     return lines
 
 
-def by_arch(summary: dict[str, Any] | None, archs: list[str]) -> list[str]:
+def by_arch(summary: RunResult | None, archs: list[str]) -> list[str]:
     if summary is None:
         return ["not run"] * len(archs)
-    values = summary.get("test_by_architecture") or {}
+    values = summary.test_by_architecture or {}
     return [percent(values.get(arch)) for arch in archs]
 
 
@@ -283,7 +286,7 @@ def table1(reference_code: str) -> list[str]:
             summary = summary_of(f"t1-{tag}-{name}")
             paper = " / ".join(f"{v:.1f}" for v in PAPER_T1[tag][name])
             if name == "upper":
-                cell = ["not run"] if summary is None else [percent(summary["test_mean"])]
+                cell = ["not run"] if summary is None else [percent(summary.test_mean)]
                 row = [cell[0], "", "", ""]
             else:
                 row = by_arch(summary, ARCHS)
@@ -296,7 +299,7 @@ def verdict_local(tag: str, prefix: str = "t1") -> str:
     ghn, local = summary_of(f"{prefix}-{tag}-flha-ghn"), summary_of(f"{prefix}-{tag}-local")
     if ghn is None or local is None:
         return f"not run at {tag} %"
-    ours, theirs = ghn["test_by_architecture"], local["test_by_architecture"]
+    ours, theirs = ghn.test_by_architecture or {}, local.test_by_architecture or {}
     gaps = {arch: 100 * (ours[arch] - theirs[arch]) for arch in ARCHS}
     wins = sum(gap > 0 for gap in gaps.values())
     detail = ", ".join(f"{arch} {gap:+.1f}" for arch, gap in gaps.items())
@@ -309,7 +312,7 @@ def reading() -> list[str]:
                                                  "t1-6.25-flha-ghn", "long-6.25-flha-ghn")}
     if any(summary is None for summary in cells.values()):
         return []
-    mean = {name: 100 * summary["test_mean"] for name, summary in cells.items() if summary is not None}
+    mean = {name: 100 * summary.test_mean for name, summary in cells.items() if summary is not None}
     return [f"At the base budget every method is limited by its {TOTAL_STEPS} steps more than by its data: with the "
             f"same steps, Local on 12.5 % of the data (half as many epochs) scores {mean['t1-12.5-local']:.1f} % "
             f"against {mean['t1-6.25-local']:.1f} % on 6.25 %. Three times the steps at 6.25 % move Local by "
@@ -322,8 +325,8 @@ def verdict_mean(first: str, second: str, first_label: str, second_label: str) -
     a, b = summary_of(first), summary_of(second)
     if a is None or b is None:
         return "not run"
-    gap = 100 * (a["test_mean"] - b["test_mean"])
-    return (f"{first_label} {percent(a['test_mean'])} % vs {second_label} {percent(b['test_mean'])} % "
+    gap = 100 * (a.test_mean - b.test_mean)
+    return (f"{first_label} {percent(a.test_mean)} % vs {second_label} {percent(b.test_mean)} % "
             f"({gap:+.1f} points)")
 
 
@@ -389,7 +392,7 @@ def simple_rows(names: list[tuple[str, str]], archs: list[str]) -> list[str]:
     lines = []
     for label, name in names:
         summary = summary_of(name)
-        mean = "not run" if summary is None else percent(summary["test_mean"])
+        mean = "not run" if summary is None else percent(summary.test_mean)
         lines.append(f"| {label} | {' | '.join(by_arch(summary, archs))} | {mean} |")
     return lines
 
@@ -450,7 +453,7 @@ def render(reference_code: str | None = None) -> str:
     for gnn in (0, 6):
         summary = summary_of(f"t2-gnn{gnn}")
         row = by_arch(summary, ["plain4", "plain7", "plain10", "plain13"])
-        mean = "not run" if summary is None else percent(summary["test_mean"])
+        mean = "not run" if summary is None else percent(summary.test_mean)
         paper = " / ".join(f"{v:.1f}" for v in PAPER_T2[f"gnn{gnn}"])
         lines.append(f"| {'yes (T = 6)' if gnn else 'no'} | {' | '.join(row)} | {mean} | {paper} |")
     lines += ["", "## Communication rate (Fig. 4)", "",
@@ -460,7 +463,7 @@ def render(reference_code: str | None = None) -> str:
               "|---|---|---|---|---|---|---|"]
     for rounds, steps, name in ((5, 160, "f4-r5"), (ROUNDS, LOCAL_STEPS, "t1-6.25-flha-ghn"), (80, 10, "f4-r80")):
         summary = summary_of(name)
-        mean = "not run" if summary is None else percent(summary["test_mean"])
+        mean = "not run" if summary is None else percent(summary.test_mean)
         lines.append(f"| {rounds} | {steps} | {' | '.join(by_arch(summary, ARCHS))} | {mean} |")
     lines += ["", "## Label skew (Table 5)", "",
               "Dirichlet(α) label partitions at 6.25 %; each client's test rows follow its own label distribution "
@@ -476,7 +479,7 @@ def render(reference_code: str | None = None) -> str:
     for replaced in range(4):
         summary = summary_of(f"t7-small{replaced}")
         row = by_arch(summary, [*ARCHS, "small"])
-        mean = "not run" if summary is None else percent(summary["test_mean"])
+        mean = "not run" if summary is None else percent(summary.test_mean)
         lines.append(f"| Arch {replaced} | {' | '.join(row)} | {mean} |")
     lines += ["", "## Validation minus test (Table 1's cells)", "",
               "Each client's validation and test rows are drawn from the same pool: a gap of several points is not "

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from graphfed.config import RunConfig, dump_config, load_config
+from graphfed.runs import RunResult, read_result
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ENGINES = ("sim", "inprocess", "flwr-sim")
@@ -73,18 +74,18 @@ def round_times(out_dir: Path) -> list[float]:
     return [b - a for a, b in zip([0.0, *walls[:-1]], walls, strict=True)]
 
 
-def measured(out_dir: Path, launched: float, total: float, summary: dict[str, Any]) -> dict[str, Any]:
+def measured(out_dir: Path, launched: float, total: float, summary: RunResult) -> dict[str, Any]:
     """Split ``total`` seconds into start-up (launch until the round loop starts, i.e. until the run writes
     ``config.yaml``), the loop (``rounds.jsonl``) and the rest (novel clients, summary, plots, shut-down)."""
     rounds = round_times(out_dir)
     loop = sum(rounds)
     startup = (out_dir / "config.yaml").stat().st_mtime - launched
     return {"total_s": total, "startup_s": startup, "loop_s": loop, "shutdown_s": total - startup - loop,
-            "round_s": rounds, "status": summary["status"], "test_mean": summary["test_mean"],
-            "dropped_clients": len(summary.get("dropped_clients", []))}
+            "round_s": rounds, "status": summary.status, "test_mean": summary.test_mean,
+            "dropped_clients": len(summary.dropped_clients or [])}
 
 
-def timed(run: Callable[[Path], dict[str, Any]], out_dir: Path) -> dict[str, Any]:
+def timed(run: Callable[[Path], RunResult], out_dir: Path) -> dict[str, Any]:
     launched, tick = time.time(), time.perf_counter()
     summary = run(out_dir)
     return measured(out_dir, launched, time.perf_counter() - tick, summary)
@@ -181,7 +182,7 @@ def run_flwr_sim(config: RunConfig, out_dir: Path, timeout: float) -> dict[str, 
     if not summary_path.exists():
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
         raise SystemExit(f"flwr run (exit {done.returncode}) wrote no summary.json:\n{tail}")
-    row = measured(out_dir, launched, total, json.loads(summary_path.read_text()))
+    row = measured(out_dir, launched, total, read_result(out_dir))
     row["flwr_exit_code"] = done.returncode
     return row
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from graphfed.data.datasets.folder import write_federation
+from graphfed.runs import read_result
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FEATURES, CLASSES, TINY_ROWS = 32, 5, 50
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         if done.returncode != 0:
             print(done.stdout[-3000:], done.stderr[-3000:])
             return 1
-        summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
+        summary = read_result(Path(tmp) / "run")
     train_rows_big = max(2, int(args.big_rows * 0.8))
     padded_bytes = clients * train_rows_big * (FEATURES * 4 + 8)  # the train split alone, padded
     result: dict[str, Any] = {
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds, "seconds": seconds, "peak_rss_gib": peak / 2**30, "data_gib": data_bytes / 2**30,
         "padded_train_split_gib_before": padded_bytes / 2**30,
         "peak_minus_data_gib": (peak - data_bytes) / 2**30, "under_1_gib": peak < 2**30,
-        "test_mean": summary.get("final", {}).get("test_mean", summary.get("test_mean")),
+        "test_mean": summary.test_mean,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

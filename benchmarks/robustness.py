@@ -13,7 +13,6 @@ tell who is malicious).
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ import yaml
 
 from graphfed.report.verdicts import TEST_NAME, compare_against, sample_std
 from graphfed.report.verdicts import verdict as verdict_of
+from graphfed.runs import RunResult, read_result
 
 ROOT = Path(__file__).resolve().parent
 SUITE = ROOT / "suites" / "robustness.yaml"
@@ -47,27 +47,27 @@ def cell_key(sweep: str, ratio: int) -> str:
     return f"{sweep}-{ratio:02d}" if ratio == 0 else f"{sweep}-{ratio}"
 
 
-def summaries(cell: str, method: str) -> list[dict[str, Any]]:
+def summaries(cell: str, method: str) -> list[RunResult]:
     """The runs of one cell, seed by seed: completed ones, and those that diverged (a client update or the server's
     weights became NaN/Inf, so the run stopped; scored at their best-validation round before that)."""
     found = []
     for path in sorted((RESULTS / "runs" / cell / method).glob("seed*/summary.json")):
-        summary = json.loads(path.read_text())
-        if summary.get("status") == "completed" or diverged(summary):
+        summary = read_result(path.parent)
+        if summary.completed or diverged(summary):
             found.append(summary)
     return found
 
 
-def diverged(summary: dict[str, Any]) -> bool:
-    return str(summary.get("status", "")).startswith("stopped:") and "non-finite" in summary["status"]
+def diverged(summary: RunResult) -> bool:
+    return summary.status.startswith("stopped:") and "non-finite" in summary.status
 
 
-def per_seed(runs: list[dict[str, Any]], key: str) -> list[float]:
-    """``key`` of each run (seed) that has it, in percent."""
-    return [100 * run[key] for run in runs if run.get(key) is not None]
+def per_seed(runs: list[RunResult], key: str) -> list[float]:
+    """The field ``key`` of each run (seed) that has it, in percent."""
+    return [100 * getattr(run, key) for run in runs if getattr(run, key) is not None]
 
 
-def stats(runs: list[dict[str, Any]], key: str) -> tuple[float | None, float | None, int]:
+def stats(runs: list[RunResult], key: str) -> tuple[float | None, float | None, int]:
     """Mean and sample std (over seeds) of ``key`` in percent, and how many runs had it."""
     values = per_seed(runs, key)
     if not values:
@@ -75,12 +75,12 @@ def stats(runs: list[dict[str, Any]], key: str) -> tuple[float | None, float | N
     return statistics.fmean(values), sample_std(values), len(values)
 
 
-def cell(runs: list[dict[str, Any]], key: str) -> str:
+def cell(runs: list[RunResult], key: str) -> str:
     mean, std, count = stats(runs, key)
     if mean is None:
         return "not run"
     notes = [] if count == 3 else [f"{count} seed{'s' if count > 1 else ''}"]
-    broken = sum(diverged(run) for run in runs if run.get(key) is not None)
+    broken = sum(diverged(run) for run in runs if getattr(run, key) is not None)
     if broken:
         notes.append(f"{broken} diverged")
     return f"{mean:.1f} ± {std:.1f}" + (f" ({', '.join(notes)})" if notes else "")
@@ -104,7 +104,7 @@ def sweep_table(sweep: str, methods: list[str], key: str) -> list[str]:
     return lines
 
 
-def ratio_cell(runs: list[dict[str, Any]], key: str, ratio: int) -> str:
+def ratio_cell(runs: list[RunResult], key: str, ratio: int) -> str:
     """A sweep's cell: without attackers (0 %) every client is honest and there is no attacker to score."""
     if ratio == 0 and key == "malicious_test_mean":
         return "—" if runs else "not run"
@@ -266,7 +266,7 @@ def provenance_line() -> str:
 
     from graphfed.provenance import code_id_of
 
-    ids = Counter(code_id_of(json.loads(path.read_text()))
+    ids = Counter(code_id_of(read_result(path.parent))
                   for path in sorted((RESULTS / "runs").glob("*/*/seed*/summary.json")))
     return ("**Code.** Runs by the code id that produced them (`code` in each summary.json; `unrecorded`: made "
             "before runs recorded it, so stale against any code id of today and to be re-run): "

@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
+from graphfed.client import evaluation as client_module
 from graphfed.config import load_config
 from graphfed.data.federation import ClientSplit
-from graphfed.sim import client as client_module
 from graphfed.sim.engine import Simulator
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             model.batched_forward = plain_forward  # type: ignore[method-assign]
 
-    from graphfed.sim import executor as executor_module
+    from graphfed.client import executor as executor_module
 
     executor_module.evaluate_clients = evaluate  # type: ignore[assignment]
     simulator.run_round(0)

@@ -4,7 +4,7 @@ Both sides train the FL-60 target network (``MLP(2, 2, hidden=16, num_layers=3)`
 ``--steps`` SGD steps at batch 64 on the FL-60 train split, from the same start weights and with the same
 mini-batch indices:
 
-* vectorised: one call of :func:`graphfed.sim.client.train_clients` for all clients at once;
+* vectorised: one call of :func:`graphfed.client.training.train_clients` for all clients at once;
 * loop: for each client its own ``nn.Module`` and ``torch.optim.SGD``, ``zero_grad / backward / step``.
 
 The same comparison is made for one client-rule method, Ditto (lambda = 1): each client trains the global
@@ -36,13 +36,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from graphfed.client.contract import ClientSetting, LocalTraining, plain_sgd
+from graphfed.client.training import draw_batch_indices, train_clients
 from graphfed.config import DatasetConfig
 from graphfed.core.params import ParamSpec
 from graphfed.data import build_federation
 from graphfed.data.federation import ClientSplit, PaddedRows
 from graphfed.methods.ditto import DittoRule
 from graphfed.models.mlp import MLP
-from graphfed.sim.client import ClientSetting, LocalTraining, draw_batch_indices, train_clients
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BATCH_SIZE = 64
@@ -94,8 +95,8 @@ def draw_indices(work: Workload) -> torch.Tensor:
 
 
 def run_vectorised(work: Workload) -> torch.Tensor:
-    trained, _, _ = train_clients(work.model, work.spec, work.start, work.data, work.training, "classification",
-                               batch_seeds(work))
+    trained, _, _ = train_clients(work.model, work.spec, work.start, work.data,
+                                  plain_sgd(work.spec, "classification", work.training), batch_seeds(work))
     return trained
 
 
@@ -110,8 +111,8 @@ def ditto_rule(work: Workload) -> DittoRule:
 def run_ditto_vectorised(work: Workload) -> torch.Tensor:
     """Both of Ditto's models, every client at once; returns [global | personal] weights per client."""
     rule = ditto_rule(work)
-    trained, _, state = train_clients(work.model, work.spec, work.start, work.data, work.training, "classification",
-                                      batch_seeds(work), rule, rule.init_state(work.start))
+    trained, _, state = train_clients(work.model, work.spec, work.start, work.data, rule, batch_seeds(work),
+                                      rule.init_state(work.start))
     return torch.cat([trained, state["personal"]], dim=1)
 
 

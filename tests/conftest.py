@@ -67,10 +67,11 @@ def read_rounds(out_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (out_dir / "rounds.jsonl").read_text().splitlines() if line.strip()]
 
 
-def without_wall_time(record: dict[str, Any]) -> dict[str, Any]:
-    """A summary or round record minus wall-clock time and peak memory, the only fields allowed to differ
+def without_wall_time(record: Any) -> dict[str, Any]:
+    """A run's result (or a round record) minus wall-clock time and peak memory, the only fields allowed to differ
     between runs."""
-    return {key: value for key, value in record.items() if key not in ("wall_seconds", "peak_rss_mb")}
+    fields = record.to_json() if hasattr(record, "to_json") else record
+    return {key: value for key, value in fields.items() if key not in ("wall_seconds", "peak_rss_mb")}
 
 
 @pytest.fixture(autouse=True)

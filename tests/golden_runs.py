@@ -29,7 +29,8 @@ SPECIAL: dict[str, dict[str, Any]] = {
     "fedpac": {"model": {"name": "cnn-bn", "options": {}}, "dataset": IMAGES},
     "flha-ghn": {"model": {"name": "resnet-like", "options": {"width": 4}, "architectures": ["arch0", "arch1"]},
                  "dataset": IMAGES},
-    "flha-distill": {"method": {"options": {"distill_steps": 10}}, "model": {"name": "resnet-like", "options": {"width": 4}, "architectures": ["arch0", "arch1"]},
+    "flha-distill": {"method": {"options": {"distill_steps": 10}},
+                     "model": {"name": "resnet-like", "options": {"width": 4}, "architectures": ["arch0", "arch1"]},
                      "dataset": IMAGES},
 }
 KEYS = ("test_mean", "val_mean", "test_std", "best_round", "final_test_mean", "novel_mean", "novel_adapted_mean",

@@ -11,6 +11,7 @@ import torch
 from scipy.optimize import minimize
 
 from conftest import ConfigFactory
+from graphfed.client.contract import ClientRule
 from graphfed.core.hypergrad import hypergradient_step
 from graphfed.methods.aggregation import PersonalizedAggregation
 from graphfed.methods.cfl import CFL
@@ -18,7 +19,6 @@ from graphfed.methods.fedamp import FedAMP, HFedAMP
 from graphfed.methods.pfedgraph import PFedGraph, project_to_simplex
 from graphfed.methods.pfedla import PFedLA
 from graphfed.methods.sfl import SFL
-from graphfed.sim.client import ClientRule
 from graphfed.sim.engine import Simulator
 
 FULL = "train.clients_per_round=12"

@@ -16,7 +16,8 @@ from graphfed.attacks.backdoor import blend
 from graphfed.attacks.defenses import clip_updates, coordinate_median, krum_select, robust_aggregate, trimmed_mean
 from graphfed.attacks.label_flip import flip_map
 from graphfed.config import AttackConfig, ConfigError, dump_config, load_config
-from graphfed.sim.engine import build_setup, run_config
+from graphfed.setup import build_setup
+from graphfed.sim.engine import run_config
 
 DIGITS = ["dataset.name=digits", "dataset.num_clients=10", "dataset.partition=iid", "model.name=mlp",
           "model.options={hidden: 32}", "train.local_steps=10", "train.batch_size=32", "train.clients_per_round=10",
@@ -50,8 +51,8 @@ def test_malicious_clients_are_a_seeded_share_of_the_training_clients_and_record
     assert torch.equal(attack.malicious, again.malicious)
     summary = run_config(config, progress=False)
     names = [setup.federation.client_names[int(i)] for i in attack.malicious_client_ids]
-    assert summary["attack"]["kind"] == "sign_flip" and summary["attack"]["malicious_clients"] == names
-    assert summary["honest_test_mean"] is not None and summary["malicious_test_mean"] is not None
+    assert summary.attack["kind"] == "sign_flip" and summary.attack["malicious_clients"] == names
+    assert summary.honest_test_mean is not None and summary.malicious_test_mean is not None
 
 
 def test_named_malicious_clients_and_their_errors() -> None:
@@ -218,12 +219,12 @@ def test_asr_is_low_for_a_clean_model_and_high_for_a_model_trained_on_triggered_
     clean test rows."""
     clean = run_config(load_config(None, [*DIGITS, "method.name=fedavg", "train.rounds=30", "attack.kind=backdoor",
                                           "attack.count=0"]), progress=False)
-    assert clean["test_mean"] > 0.85 and clean["asr_mean"] < 0.05
+    assert clean.test_mean > 0.85 and clean.asr_mean < 0.05
     attacked = run_config(load_config(None, [*DIGITS, "method.name=local", "train.rounds=30", "attack.kind=backdoor",
                                              "attack.count=1", "train.local_steps=20"]), progress=False)
-    assert attacked["asr_malicious"] > 0.8
-    assert attacked["asr_honest"] < 0.05  # Local: nothing of the attacker reaches the others
-    assert attacked["malicious_test_mean"] > 0.5
+    assert attacked.asr_malicious > 0.8
+    assert attacked.asr_honest < 0.05  # Local: nothing of the attacker reaches the others
+    assert attacked.malicious_test_mean > 0.5
 
 
 # ---- robust aggregation -------------------------------------------------------------------------------------------
@@ -291,8 +292,8 @@ def test_fedavg_with_a_median_survives_scaled_updates_that_break_plain_fedavg() 
     plain = run_config(load_config(None, base), progress=False)
     median = run_config(load_config(None, [*base, "method.options={aggregation: fedmedian}"]), progress=False)
     clean = run_config(load_config(None, [*base[:-3]]), progress=False)
-    assert median["honest_test_mean"] > plain["honest_test_mean"] + 0.1
-    assert median["honest_test_mean"] > clean["test_mean"] - 0.1
+    assert median.honest_test_mean > plain.honest_test_mean + 0.1
+    assert median.honest_test_mean > clean.test_mean - 0.1
 
 
 def test_ditto_and_other_fedavg_family_methods_take_the_aggregation_option() -> None:
@@ -374,4 +375,4 @@ def test_an_attacked_run_with_simple_tuning_resumes_bit_identically(tmp_path, mo
     monkeypatch.undo()
     resumed = run_config(config, tmp_path / "resumed", resume=True, progress=False)
     assert without_wall_time(resumed) == without_wall_time(clean)
-    assert clean["attack"]["malicious_clients"] and clean["defense"]["simple_tuning"] is True
+    assert clean.attack["malicious_clients"] and clean.defense["simple_tuning"] is True

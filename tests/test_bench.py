@@ -10,11 +10,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from graphfed import bench, runs
+from graphfed.bench import load_suite, run_suite, suite_cells
 from graphfed.cli import app
 from graphfed.config import ConfigError
-from graphfed.report import bench
-from graphfed.report.bench import load_suite, run_suite, suite_cells
-from graphfed.sim import checkpoint as io
+from graphfed.runs import RunResult
 
 SMOKE = Path(__file__).parents[1] / "benchmarks" / "suites" / "smoke.yaml"
 PAPER = Path(__file__).parents[1] / "benchmarks" / "suites" / "paper.yaml"
@@ -63,8 +63,8 @@ def test_second_invocation_skips_finished_cells_and_resumes_an_interrupted_one(
     out = tmp_path / "smoke"
     shutil.copytree(smoke_run[0], out)
     interrupted = out / "runs" / "fl60" / "fedavg" / "seed1"
-    before = io.read_summary(interrupted)
-    (interrupted / io.SUMMARY).unlink()  # as if killed after its last checkpoint, before the summary
+    before = runs.read_result(interrupted)
+    (interrupted / runs.SUMMARY).unlink()  # as if killed after its last checkpoint, before the summary
     calls: list[tuple[str, bool]] = []
     real = bench._run_in_process
 
@@ -77,8 +77,8 @@ def test_second_invocation_skips_finished_cells_and_resumes_an_interrupted_one(
     _, all_done = run_suite(SMOKE, out, in_process=True, echo=lines.append)
     assert all_done and calls == [("fl60/fedavg/1", True)]
     assert sum("done before, skipped" in line for line in lines) == 11
-    after = io.read_summary(interrupted)
-    assert after["test_mean"] == before["test_mean"]
+    after = runs.read_result(interrupted)
+    assert after.test_mean == before.test_mean
 
 
 def test_changed_config_reruns_the_cell(smoke_run: tuple[Path, list[str]], tmp_path: Path) -> None:
@@ -88,7 +88,7 @@ def test_changed_config_reruns_the_cell(smoke_run: tuple[Path, list[str]], tmp_p
     run_suite(SMOKE, out, datasets=["digits"], methods=["local"], seeds=1, in_process=True,
               overrides={"train": {"rounds": 5}}, echo=lines.append)
     assert lines == ["[1/1] digits local seed 0: running ...", lines[1]] and "completed" in lines[1]
-    assert io.read_summary(out / "runs" / "digits" / "local" / "seed0")["rounds"] == 5
+    assert runs.read_result(out / "runs" / "digits" / "local" / "seed0").rounds == 5
 
 
 def test_runs_recorded_under_another_root_stay_finished(smoke_run: tuple[Path, list[str]], tmp_path: Path) -> None:
@@ -96,7 +96,7 @@ def test_runs_recorded_under_another_root_stay_finished(smoke_run: tuple[Path, l
     them for other configs and re-run or drop them from the report."""
     out = tmp_path / "smoke"
     shutil.copytree(smoke_run[0], out)
-    for config_file in (out / "runs").rglob(io.CONFIG):
+    for config_file in (out / "runs").rglob(runs.CONFIG):
         config = yaml.safe_load(config_file.read_text())
         config["dataset"]["data_dir"] = "/another/checkout/shared/data"
         config_file.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -111,14 +111,14 @@ def test_run_under_other_method_defaults_is_run_again(smoke_run: tuple[Path, lis
     out = tmp_path / "smoke"
     shutil.copytree(smoke_run[0], out)
     cell = out / "runs" / "digits" / "fedaghn-released" / "seed0"
-    summary = io.read_summary(cell)
+    summary = json.loads((cell / runs.SUMMARY).read_text())  # the file, as an older graphfed may have left it
     assert summary["method_options"]["init_p"] == 0.03 and summary["method_options"]["hypergrad_sign"] == "released"
     summary["method_options"]["init_p"] = 0.5  # as if init_p's default had been 0.5 when this ran
-    (cell / io.SUMMARY).write_text(json.dumps(summary))
+    (cell / runs.SUMMARY).write_text(json.dumps(summary))
     lines: list[str] = []
     run_suite(SMOKE, out, datasets=["digits"], methods=["fedaghn-released"], seeds=1, in_process=True,
               echo=lines.append)
-    assert "running" in lines[0] and io.read_summary(cell)["method_options"]["init_p"] == 0.03
+    assert "running" in lines[0] and runs.read_result(cell).method_options["init_p"] == 0.03
 
 
 def test_failed_cell_is_reported_and_the_grid_goes_on(tmp_path: Path) -> None:
@@ -142,9 +142,9 @@ def test_cell_in_its_own_process_records_its_peak_memory(tmp_path: Path) -> None
     result = CliRunner().invoke(app, ["bench", str(SMOKE), "--out", str(tmp_path), "--datasets", "fl60",
                                       "--methods", "fedavg", "--seeds", "1", "--set", "train.rounds=2"])
     assert result.exit_code == 0, result.output
-    summary = io.read_summary(tmp_path / "runs" / "fl60" / "fedavg" / "seed0")
-    assert summary["status"] == "completed" and summary["rounds"] == 2
-    assert 50 < summary["peak_rss_mb"] < 4096  # a real process's own peak, in MiB
+    summary = runs.read_result(tmp_path / "runs" / "fl60" / "fedavg" / "seed0")
+    assert summary.status == "completed" and summary.rounds == 2
+    assert 50 < summary.peak_rss_mb < 4096  # a real process's own peak, in MiB
     # the report still covers the whole suite and says what this partial invocation left out
     report = (tmp_path / "report.md").read_text()
     assert "Not run yet: `panacea`, `pfedhn`" in report and "--datasets fl60" in report
@@ -180,8 +180,8 @@ def test_variant_settings_and_late_joiners_reach_the_cells_and_the_report(tmp_pa
     assert "Rows with their own settings (the rest as above): `local-k1` train.local_steps=1." in text
     header = next(line for line in text.splitlines() if line.startswith("| method |"))
     assert header.split(" | ")[-1] == "late joiners, last round |"
-    summary = io.read_summary(tmp_path / "out" / "runs" / "fln" / "fedavg" / "seed0")
-    late_cell = f"{100 * summary['late_test_final']:.2f} (n=1)"
+    summary = runs.read_result(tmp_path / "out" / "runs" / "fln" / "fedavg" / "seed0")
+    late_cell = f"{100 * summary.late_test_final:.2f} (n=1)"
     assert next(line for line in text.splitlines() if line.startswith("| fedavg |")).endswith(f"| {late_cell} |")
     assert "| late joiners |" in text and "`fln`, late:" in text
     bad = tmp_path / "bad.yaml"
@@ -316,10 +316,9 @@ def test_bench_reruns_a_cell_from_other_code_unless_told_to_keep_it_and_the_repo
 def test_regression_table_adds_mae_in_data_units_mean_and_std_over_seeds(tmp_path: Path) -> None:
     suite = load_suite(SMOKE)
     cells = [cell for cell in suite_cells(suite) if cell.dataset == "fl60" and cell.method == "fedavg"]
-    summaries = [{"status": "completed", "metric": "mse", "seed": seed, "test_mean": 0.01 * (seed + 1),
-                  "test_std": 0.001, "test_pooled": 0.01, "novel_mean": None, "novel_adapted_mean": None,
-                  "wall_seconds": 1.0, "bytes_up": 0, "peak_rss_mb": 100.0 + seed,
-                  "test_mae_original_units": mae} for seed, mae in enumerate([4.0, 6.0])]
+    summaries = [RunResult(status="completed", metric="mse", seed=seed, test_mean=0.01 * (seed + 1), test_std=0.001,
+                           test_pooled=0.01, wall_seconds=1.0, bytes_up=0, peak_rss_mb=100.0 + seed,
+                           test_mae_original_units=mae) for seed, mae in enumerate([4.0, 6.0])]
     text, rows = bench._dataset_section("fl60", suite.datasets["fl60"], cells, {("fl60", "fedavg"): summaries},
                                         tmp_path)
     assert "| MAE, data units |" in text
@@ -332,7 +331,7 @@ def test_regression_table_adds_mae_in_data_units_mean_and_std_over_seeds(tmp_pat
 def test_the_paper_report_tables_are_regenerated_from_the_committed_runs() -> None:
     """Every section of ``benchmarks/results/paper/report.md`` (its tables, notes and the cells not run yet) is exactly
     what the report writer makes of the committed run directories: no hand-edited number."""
-    from graphfed.report.bench import deviations_section, finished_results, report_sections, verdict_table
+    from graphfed.bench import deviations_section, finished_results, report_sections, verdict_table
 
     out = PAPER.parents[1] / "results" / "paper"
     suite = load_suite(PAPER)

@@ -611,5 +611,5 @@ def test_lenet_learns_the_fixture_federation_well_above_chance(tmp_path: Path, u
         "train.checkpoint_every=10", "train.novel_adapt_rounds=0", "seed=0",
     ])
     summary = run_config(cfg, progress=False)
-    assert summary["status"] == "completed"
-    assert summary["test_mean"] >= 0.8
+    assert summary.status == "completed"
+    assert summary.test_mean >= 0.8

@@ -229,7 +229,7 @@ def test_resume_from_the_cli_finishes_an_interrupted_run(config_file: Path, tmp_
     assert resumed.exit_code == 0, resumed.output
     clean = run_config(cli.load_config(config_file), tmp_path / "clean", progress=False)
     assert without_wall_time(json.loads((out / "summary.json").read_text())) == without_wall_time(
-        json.loads(json.dumps(clean)))
+        json.loads(json.dumps(clean.to_json())))
     assert [r["round"] for r in read_rounds(out)] == [3, 6]
 
 
@@ -305,3 +305,52 @@ def test_compare_with_an_unknown_method_exits_2(config_file: Path, tmp_path: Pat
     lines = error_lines(result)
     assert len(lines) == 1 and "method.name" in lines[0] and "nope" in lines[0]
     assert not (out / "fedavg").exists()
+
+
+# ---- the error root: the user's mistakes against graphfed's bugs -------------------------------------------
+
+def _method_update_raises(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
+    from graphfed.methods.fedavg import FedAvg
+
+    def update(self: FedAvg, *args: object, **kwargs: object) -> None:
+        raise error
+
+    monkeypatch.setattr(FedAvg, "update", update)
+
+
+def test_a_plain_value_error_inside_a_method_is_an_internal_error(config_file: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ValueError raised by a method's ``update`` is a bug, not the user's input: exit 1, a short "internal error"
+    line naming it and where to report it, no traceback unless --verbose; a config error still exits 2 in one line."""
+    _method_update_raises(monkeypatch, ValueError("shapes do not broadcast"))
+    result = invoke("run", config_file, "--out", tmp_path / "bug", "--no-progress")
+    assert result.exit_code == 1
+    lines = error_lines(result)
+    assert lines[0] == "internal error: ValueError: shapes do not broadcast"
+    assert "report it" in lines[1] and "--verbose" in lines[1] and len(lines) == 2
+    assert "Traceback" not in result.output
+
+    verbose = invoke("run", config_file, "--out", tmp_path / "bug-verbose", "--no-progress", "--verbose")
+    assert verbose.exit_code == 1
+    assert "Traceback" in verbose.stderr and "in update" in verbose.stderr
+
+    config_error = invoke("run", config_file, "--set", "train.lr=-1", "--out", tmp_path / "input")
+    assert config_error.exit_code == 2
+    assert len(error_lines(config_error)) == 1 and "train.lr" in config_error.stderr
+
+
+def test_graphfed_errors_keep_their_exit_codes(config_file: Path, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each user-facing kind under GraphfedError maps to its documented exit code in one line: a stopped run 3 (its
+    summary written, status "stopped: ..."), data input 2."""
+    from graphfed.errors import DataError, GraphfedError, RunStoppedError
+
+    assert issubclass(DataError, GraphfedError) and DataError.exit_code == 2 and RunStoppedError.exit_code == 3
+    _method_update_raises(monkeypatch, RunStoppedError("the server solver diverged"))
+    stopped = invoke("run", config_file, "--out", tmp_path / "stopped", "--no-progress")
+    assert stopped.exit_code == 3  # the log names the round's problem, the last line says where the summary is
+    assert error_lines(stopped)[-1].startswith("error: stopped: the server solver diverged (summary in ")
+    assert json.loads((tmp_path / "stopped" / "summary.json").read_text())["status"].startswith("stopped: the server")
+    _method_update_raises(monkeypatch, DataError("dataset x: file y is truncated"))
+    data = invoke("run", config_file, "--out", tmp_path / "data", "--no-progress")
+    assert data.exit_code == 2 and error_lines(data) == ["error: dataset x: file y is truncated"]

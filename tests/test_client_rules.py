@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from conftest import ConfigFactory
+from graphfed.client.evaluation import evaluate_clients
 from graphfed.config import load_config
+from graphfed.errors import SolverError
 from graphfed.methods import METHODS
-from graphfed.sim.client import evaluate_clients
 from graphfed.sim.engine import Simulator, run_config
 
 #: Label skew: 10 digits clients holding 2 classes each. A single global model is poor here (FedAvg about 25 %),
@@ -31,7 +32,7 @@ CLIENT_RULE_METHODS = ["ditto", "pfedme", "per-fedavg", "fedrep", "fedala", "fed
 def skewed_accuracy(method: str, options: str = "{}") -> float:
     summary = run_config(load_config(None, [*SKEWED, f"method.name={method}", f"method.options={options}"]),
                          progress=False)
-    return float(summary["test_mean"])
+    return float(summary.test_mean)
 
 
 @pytest.mark.parametrize(("method", "options", "threshold"), [
@@ -91,9 +92,9 @@ def test_fedavg_ft_scores_novel_clients_like_fedavg() -> None:
     fine_tuned = run_config(load_config(None, [*config, "method.name=fedavg-ft", "train.eval_every=20"]),
                             progress=False)
     plain = run_config(load_config(None, [*config, "method.name=fedavg", "train.eval_every=20"]), progress=False)
-    assert fedavg["novel_mean"] is not None
-    assert fine_tuned["novel_mean"] == plain["novel_mean"]
-    assert fine_tuned["test_mean"] > plain["test_mean"]
+    assert fedavg.novel_mean is not None
+    assert fine_tuned.novel_mean == plain.novel_mean
+    assert fine_tuned.test_mean > plain.test_mean
 
 
 def test_ditto_personal_model_follows_lambda() -> None:
@@ -274,7 +275,7 @@ def test_fedpac_qp_that_cannot_converge_in_budget_stops_with_the_gap() -> None:
     from graphfed.methods.fedpac import collaboration_weights
 
     profiles = torch.randn(12, 5, 6, generator=torch.Generator().manual_seed(1))
-    with pytest.raises(RuntimeError, match="did not reach qp_tolerance=1e-12 in qp_max_iterations=3"):
+    with pytest.raises(SolverError, match="did not reach qp_tolerance=1e-12 in qp_max_iterations=3"):
         collaboration_weights(profiles, torch.full((12,), 1e-3), tolerance=1e-12, max_iterations=3)
 
 

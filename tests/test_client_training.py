@@ -10,19 +10,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from graphfed.client.contract import ClientRule, ClientSetting, LocalTraining, plain_sgd
+from graphfed.client.evaluation import evaluate_clients
+from graphfed.client.training import draw_batch_indices, train_clients
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import ClientSplit, Task
 from graphfed.models.base import TargetModel
 from graphfed.models.cnn import SmallCNN
 from graphfed.models.mlp import MLP
-from graphfed.sim.client import (
-    ClientRule,
-    ClientSetting,
-    LocalTraining,
-    draw_batch_indices,
-    evaluate_clients,
-    train_clients,
-)
 
 COUNTS = [3, 11, 7, 20]  # different sample counts per client; 20 rows after padding
 SEED = 1234
@@ -145,8 +140,7 @@ def run_vectorised(case: Case, training: LocalTraining, seed: int = SEED, data: 
     data = data if data is not None else case.data
     start = start_weights(model, spec, data.num_clients)
     rule = ClientRule(ClientSetting(spec, model.head_names, case.task, 3, training), prox_mu=prox_mu)
-    trained, metrics, _ = train_clients(model, spec, start, data, training, case.task,
-                                        client_seeds(seed, data.num_clients), rule)
+    trained, metrics, _ = train_clients(model, spec, start, data, rule, client_seeds(seed, data.num_clients))
     return trained, metrics, start
 
 
@@ -182,8 +176,8 @@ def test_start_shape_is_checked() -> None:
     model = case.make_model()
     spec = ParamSpec.from_module(model)
     with pytest.raises(ValueError, match=rf"\[4, {spec.dim}\]"):
-        train_clients(model, spec, torch.zeros(3, spec.dim), case.data, LocalTraining(1, 2, 0.1),
-                      case.task, client_seeds(SEED, 3))
+        train_clients(model, spec, torch.zeros(3, spec.dim), case.data,
+                      plain_sgd(spec, case.task, LocalTraining(1, 2, 0.1)), client_seeds(SEED, 3))
 
 
 def test_client_trained_alone_matches_its_row_when_trained_with_others() -> None:
@@ -197,9 +191,10 @@ def test_client_trained_alone_matches_its_row_when_trained_with_others() -> None
     training = LocalTraining(steps=4, batch_size=5, lr=0.1)
     start = start_weights(model, spec, 4)
     seeds = client_seeds(SEED, 4)
-    together = train_clients(model, spec, start, case.data, training, case.task, seeds).trained
+    rule = plain_sgd(spec, case.task, training)
+    together = train_clients(model, spec, start, case.data, rule, seeds).trained
     client = torch.tensor([2])
-    alone = train_clients(model, spec, start[client], case.data.select(client), training, case.task, [seeds[2]]).trained
+    alone = train_clients(model, spec, start[client], case.data.select(client), rule, [seeds[2]]).trained
     torch.testing.assert_close(alone[0], together[2], atol=1e-6, rtol=1e-6)
 
 
@@ -419,8 +414,8 @@ def test_splits_from_a_pool_reorder_it_in_place_and_hold_each_clients_rows() -> 
 def test_training_a_chunk_of_clients_at_a_time_changes_nothing(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Large models train a chunk of clients at a time (cache-sized steps); weights, metrics and a stateful
     rule's state (Ditto's personal models) are those of training all clients at once."""
+    from graphfed.client import training as client
     from graphfed.methods.ditto import DittoRule
-    from graphfed.sim import client
 
     case = make_case(name, counts=[3, 11, 0, 20, 7])
     model = case.make_model()
@@ -430,8 +425,7 @@ def test_training_a_chunk_of_clients_at_a_time_changes_nothing(name: str, monkey
     rule = DittoRule(ClientSetting(spec, model.head_names, case.task, 3, training), 1.0, None)
 
     def train() -> client.LocalResult:
-        return train_clients(model, spec, start, case.data, training, case.task, client_seeds(SEED, 5), rule,
-                             rule.init_state(start))
+        return train_clients(model, spec, start, case.data, rule, client_seeds(SEED, 5), rule.init_state(start))
 
     whole = train()
     monkeypatch.setattr(client, "TRAINING_VALUES_PER_CHUNK", 2 * spec.dim)  # chunks of 2, 2 and 1 clients

@@ -11,16 +11,18 @@ import pytest
 import torch
 
 from conftest import ConfigFactory, read_rounds, tiny_overrides, without_wall_time
+from graphfed import runs
+from graphfed.client import executor as executor_module
+from graphfed.client.contract import LocalResult
+from graphfed.client.executor import check_update
 from graphfed.config import RunConfig, load_config
 from graphfed.core.params import ParamSpec
 from graphfed.data import build_federation
 from graphfed.data.federation import ClientSplit, Federation
+from graphfed.errors import InvalidUpdateError, NonFiniteUpdateError
 from graphfed.models import build_model
-from graphfed.sim import checkpoint as io
-from graphfed.sim import executor as executor_module
 from graphfed.sim.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from graphfed.sim.client import LocalResult
-from graphfed.sim.engine import InvalidUpdateError, NonFiniteUpdateError, Simulator, check_update, run_config
+from graphfed.sim.engine import Simulator, run_config
 
 SUMMARY_KEYS = {"method", "dataset", "metric", "test_mean", "test_std", "test_pooled", "novel_mean", "best_round",
                 "rounds", "wall_seconds", "bytes_up", "bytes_down"}
@@ -42,7 +44,7 @@ def test_same_config_and_seed_give_identical_results(make_config: ConfigFactory,
     cfg = make_config("panacea", "dataset.novel_fraction=0.25")
     first = run_config(cfg, tmp_path / "a", progress=False)
     second = run_config(cfg, tmp_path / "b", progress=False)
-    assert first["status"] == "completed"
+    assert first.status == "completed"
     assert without_wall_time(first) == without_wall_time(second)
     assert rounds_without_wall_time(tmp_path / "a") == rounds_without_wall_time(tmp_path / "b")
     assert len(read_rounds(tmp_path / "a")) == 2
@@ -52,8 +54,8 @@ def test_different_seed_gives_different_numbers(make_config: ConfigFactory) -> N
     """Changing only the seed changes the data, the sampling and the training losses."""
     a = run_config(make_config("fedavg", "train.eval_every=1"), progress=False)
     b = run_config(make_config("fedavg", "train.eval_every=1", "seed=1"), progress=False)
-    assert a["status"] == b["status"] == "completed"
-    assert (a["test_mean"], a["val_mean"], a["test_pooled"]) != (b["test_mean"], b["val_mean"], b["test_pooled"])
+    assert a.status == b.status == "completed"
+    assert (a.test_mean, a.val_mean, a.test_pooled) != (b.test_mean, b.val_mean, b.test_pooled)
 
 
 # ---- resume --------------------------------------------------------------------------------------------
@@ -189,12 +191,12 @@ def test_nan_update_stops_the_run_and_keeps_the_last_checkpoint(make_config: Con
     victim = int(Simulator(cfg, progress=False).sample_clients(NAN_ROUND_INDEX)[1])
     inject_nan(monkeypatch, NAN_ROUND_INDEX, row=1)
     summary = run_config(cfg, tmp_path / "run", progress=False)
-    assert summary["status"].startswith("stopped")
-    assert f"[{victim}]" in summary["status"]
-    assert "non-finite" in summary["status"]
-    assert io.read_summary(tmp_path / "run") == json.loads(json.dumps(summary))
+    assert summary.status.startswith("stopped")
+    assert f"[{victim}]" in summary.status
+    assert "non-finite" in summary.status
+    assert runs.read_result(tmp_path / "run") == summary
     assert (tmp_path / "run" / "plots" / "curves.png").stat().st_size > 0
-    assert summary["rounds"] == 5 and [r["round"] for r in read_rounds(tmp_path / "run")] == [5]
+    assert summary.rounds == 5 and [r["round"] for r in read_rounds(tmp_path / "run")] == [5]
     assert load_checkpoint(tmp_path / "run")["completed_rounds"] == 5
 
     monkeypatch.undo()
@@ -209,8 +211,8 @@ def test_nan_stop_names_the_round_as_rounds_jsonl_numbers_it(make_config: Config
     completed_rounds, the progress bar). A NaN in the 8th round must be reported as 'round 8', not 'round 7'."""
     inject_nan(monkeypatch, NAN_ROUND_INDEX, row=0)
     summary = run_config(make_config("fedavg"), tmp_path, progress=False)
-    assert summary["status"].startswith("stopped")
-    assert f"round {NAN_ROUND_INDEX + 1}:" in summary["status"], summary["status"]
+    assert summary.status.startswith("stopped")
+    assert f"round {NAN_ROUND_INDEX + 1}:" in summary.status, summary.status
 
 
 def test_check_update_rejects_wrong_shapes() -> None:
@@ -327,11 +329,11 @@ def test_run_directory_holds_config_log_summary_and_plot(finished_run: tuple[Run
     cfg, out, summary = finished_run
     assert cfg.torch_threads is None
     assert load_config(out / "config.yaml") == cfg.model_copy(update={"torch_threads": torch.get_num_threads()})
-    assert summary["torch_threads"] == torch.get_num_threads()
+    assert summary.torch_threads == torch.get_num_threads()
     assert [r["round"] for r in read_rounds(out)] == list(range(1, cfg.train.rounds + 1))
-    saved = io.read_summary(out)
-    assert set(saved) >= SUMMARY_KEYS
-    assert saved == json.loads(json.dumps(summary))
+    saved = json.loads((out / runs.SUMMARY).read_text())  # the file: the result serialised, with its version
+    assert set(saved) >= SUMMARY_KEYS and saved["schema_version"] == runs.SCHEMA_VERSION
+    assert saved == summary.to_json() and runs.read_result(out) == summary
     assert saved["status"] == "completed"
     assert (saved["method"], saved["dataset"], saved["metric"]) == ("fedavg", "fln", "accuracy")
     assert saved["rounds"] == cfg.train.rounds
@@ -344,10 +346,10 @@ def test_bytes_are_counted_per_client_and_parameter(finished_run: tuple[RunConfi
     cfg, _, summary = finished_run
     fed = build_federation(cfg.dataset, cfg.seed)
     num_params = ParamSpec.from_module(build_model(cfg.model.name, fed, cfg.model.options)).dim
-    assert summary["num_params"] == num_params
+    assert summary.num_params == num_params
     expected = cfg.train.rounds * cfg.train.clients_per_round * num_params * 4
-    assert summary["bytes_up"] == expected
-    assert summary["bytes_down"] == expected
+    assert summary.bytes_up == expected
+    assert summary.bytes_down == expected
     assert [r["bytes_up"] for r in read_rounds(finished_run[1])][-1] == expected
 
 
@@ -357,11 +359,11 @@ def test_best_round_is_the_best_validation_round(finished_run: tuple[RunConfig, 
     _, out, summary = finished_run
     records = read_rounds(out)
     best = max(records, key=lambda r: r["val_mean"])  # max() keeps the first of ties
-    assert summary["best_round"] == best["round"]
-    assert summary["test_mean"] == best["test_mean"]
-    assert summary["test_std"] == best["test_std"]
-    assert summary["test_pooled"] == best["test_pooled"]
-    assert summary["final_test_mean"] == records[-1]["test_mean"]
+    assert summary.best_round == best["round"]
+    assert summary.test_mean == best["test_mean"]
+    assert summary.test_std == best["test_std"]
+    assert summary.test_pooled == best["test_pooled"]
+    assert summary.final_test_mean == records[-1]["test_mean"]
 
 
 def _regression_federation(num_clients: int = 6, seed: int = 0) -> Federation:
@@ -381,8 +383,8 @@ def test_best_round_minimises_mse_for_regression(make_config: ConfigFactory) -> 
     """With an MSE metric, lower is better: best_round is the round with the smallest val_mean."""
     cfg = make_config("local", "train.eval_every=1", "train.rounds=8", "train.lr=0.02")
     summary = Simulator(cfg, federation=_regression_federation(), progress=False).run()
-    assert summary["metric"] == "mse" and summary["dataset"] == "toy-regression"
-    assert summary["best_round"] is not None
+    assert summary.metric == "mse" and summary.dataset == "toy-regression"
+    assert summary.best_round is not None
     # Re-run in memory to get the history (no out dir): evaluate every round and pick the minimum.
     simulator = Simulator(cfg, federation=_regression_federation(), progress=False)
     history = []
@@ -390,16 +392,16 @@ def test_best_round_minimises_mse_for_regression(make_config: ConfigFactory) -> 
         simulator.run_round(index)
         history.append(simulator.evaluate(index))
     best = min(history, key=lambda r: r["val_mean"])
-    assert summary["best_round"] == best["round"]
-    assert summary["test_mean"] == pytest.approx(best["test_mean"])
+    assert summary.best_round == best["round"]
+    assert summary.test_mean == pytest.approx(best["test_mean"])
     assert max(r["val_mean"] for r in history) > best["val_mean"]  # the choice was not trivial
 
 
 def test_novel_mean_is_none_without_novel_clients(finished_run: tuple[RunConfig, Path, dict[str, Any]]) -> None:
     """No novel clients -> novel_mean, novel_adapted_mean are None and num_novel_clients is 0."""
     _, out, summary = finished_run
-    assert summary["novel_mean"] is None and summary["novel_adapted_mean"] is None
-    assert summary["num_novel_clients"] == 0
+    assert summary.novel_mean is None and summary.novel_adapted_mean is None
+    assert summary.num_novel_clients == 0
     assert all(r["novel_mean"] is None for r in read_rounds(out))
 
 
@@ -407,9 +409,9 @@ def test_novel_mean_is_a_number_with_novel_clients(make_config: ConfigFactory) -
     """With held-out clients, novel_mean is an accuracy in [0, 1]; a hypernetwork method also reports the
     embedding-adapted figure."""
     summary = run_config(make_config("pfedhn", "dataset.novel_fraction=0.25"), progress=False)
-    assert summary["num_novel_clients"] == 3
-    assert isinstance(summary["novel_mean"], float) and 0.0 <= summary["novel_mean"] <= 1.0
-    assert isinstance(summary["novel_adapted_mean"], float) and 0.0 <= summary["novel_adapted_mean"] <= 1.0
+    assert summary.num_novel_clients == 3
+    assert isinstance(summary.novel_mean, float) and 0.0 <= summary.novel_mean <= 1.0
+    assert isinstance(summary.novel_adapted_mean, float) and 0.0 <= summary.novel_adapted_mean <= 1.0
 
 
 def test_novel_clients_are_never_trained(make_config: ConfigFactory) -> None:

@@ -14,11 +14,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from graphfed.client.evaluation import evaluate_clients
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import ClientSplit
 from graphfed.models import MODELS, build_model
 from graphfed.models.resnet_like import ARCHITECTURES
-from graphfed.sim.client import evaluate_clients
 
 #: rows per client: one above the old 256-row evaluation block, one mid-sized, one tiny
 COUNTS = (300, 41, 7)

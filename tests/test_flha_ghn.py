@@ -166,7 +166,7 @@ def test_flha_ghn_learns_on_mixed_architectures_and_refines_the_head() -> None:
     federation = image_federation(rows=96)
     summary = run_config(mixed_config("flha-ghn", "train.rounds=10", "train.eval_every=10"), federation=federation,
                          progress=False)
-    assert summary["test_mean"] > 0.6, summary["test_mean"]
+    assert summary.test_mean > 0.6, summary.test_mean
     simulator = Simulator(mixed_config("flha-ghn", "train.rounds=1"), federation=federation, progress=False)
     simulator.run_round(0)
     runtime = simulator.executor.runtime_of(1)  # type: ignore[attr-defined]
@@ -344,7 +344,7 @@ def test_flower_nodes_build_their_own_architecture_and_match_the_simulator(metho
     simulated = run_config(config, progress=False)
     grid = InProcessGrid(client_app, 4, {protocol.RUN_CONFIG_KEY: dump_config(config)}, seed=0)
     on_flower = run_on_grid(grid, config, None)
-    assert on_flower["dropped_clients"] == []
+    assert on_flower.dropped_clients == []
     flower_summary = {k: v for k, v in without_wall_time(on_flower).items() if k not in FLOWER_FIELDS}
     assert flower_summary == without_wall_time(simulated)
 

@@ -13,6 +13,7 @@ from graphfed.flower import protocol
 from graphfed.flower.app import client_app, run_on_grid
 from graphfed.flower.inprocess import InProcessGrid
 from graphfed.flower.server import FLOWER_FIELDS
+from graphfed.runs import RunResult
 from graphfed.sim.engine import run_config
 
 NUM_CLIENTS = 6
@@ -39,7 +40,7 @@ def grid_for(config: RunConfig, seed: int = 0) -> InProcessGrid:
     return InProcessGrid(client_app, NUM_CLIENTS, {protocol.RUN_CONFIG_KEY: dump_config(config)}, seed=seed)
 
 
-def comparable(summary: dict[str, Any]) -> dict[str, Any]:
+def comparable(summary: RunResult) -> dict[str, Any]:
     return {k: v for k, v in without_wall_time(summary).items() if k not in FLOWER_FIELDS}
 
 
@@ -52,11 +53,11 @@ def test_flower_engine_gives_the_simulators_numbers(method: str) -> None:
     simulated = run_config(config, progress=False)
     grid = grid_for(config)
     on_flower = run_on_grid(grid, config, None)
-    assert on_flower["dropped_clients"] == []
+    assert on_flower.dropped_clients == []
     assert comparable(on_flower) == comparable(simulated)
-    assert on_flower["test_mean"] is not None
+    assert on_flower.test_mean is not None
     # every method scores its novel clients, except Local, which has no model for them (and says so)
-    assert (on_flower["novel_mean"] is None) == (on_flower["novel_none_reason"] is not None) == (method == "local")
+    assert (on_flower.novel_mean is None) == (on_flower.novel_none_reason is not None) == (method == "local")
 
 
 def test_node_ids_do_not_matter_only_partition_ids_do() -> None:
@@ -91,15 +92,15 @@ def test_failing_and_silent_nodes_are_dropped_and_the_run_goes_on() -> None:
     grid.failing.add(grid.node_of_partition(1))
     grid.answers_left[grid.node_of_partition(4)] = 2  # the QUERY and round 1's TRAIN, then it vanishes
     summary = run_on_grid(grid, config, None)
-    assert summary["status"] == "completed"
-    dropped = {(d["round"], d["client"]) for d in summary["dropped_clients"]}
+    assert summary.status == "completed"
+    dropped = {(d["round"], d["client"]) for d in summary.dropped_clients}
     assert {(r, 1) for r in range(1, 5)} | {(r, 4) for r in range(2, 5)} <= dropped
-    reasons = " ".join(d["reason"] for d in summary["dropped_clients"])
+    reasons = " ".join(d["reason"] for d in summary.dropped_clients)
     assert "error reply" in reasons and "no reply" in reasons
     dim = 2 * 8 + 8 + 8 * 8 + 8 + 8 * 2 + 2
     # round 1: 5 updates arrive (client 4 still alive); rounds 2-4: 4 each; x dim float32 values
-    assert summary["bytes_up"] == (5 + 3 * 4) * dim * 4
-    assert summary["test_mean"] is not None  # evaluation averages over the clients that answered
+    assert summary.bytes_up == (5 + 3 * 4) * dim * 4
+    assert summary.test_mean is not None  # evaluation averages over the clients that answered
 
 
 def test_nan_and_wrong_shape_replies_are_rejected_never_aggregated(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -129,12 +130,12 @@ def test_nan_and_wrong_shape_replies_are_rejected_never_aggregated(monkeypatch: 
 
     monkeypatch.setattr(server.FlowerExecutor, "train", spy)
     summary = run_on_grid(grid, config, None)
-    reasons = {d["client"]: d["reason"] for d in summary["dropped_clients"]}
+    reasons = {d["client"]: d["reason"] for d in summary.dropped_clients}
     assert "non-finite" in reasons[2]
     assert "shape" in reasons[3]
     assert executors[0].client_ids.tolist() == [0, 1, 4, 5]
     assert torch.isfinite(executors[0].delta).all()
-    assert summary["status"] == "completed"
+    assert summary.status == "completed"
 
 
 def test_client_state_persists_in_context_state() -> None:
@@ -153,9 +154,9 @@ def test_a_node_with_an_out_of_range_partition_id_is_ignored() -> None:
     rogue = grid.node_of_partition(5)
     grid.contexts[rogue].node_config["partition-id"] = 99
     summary = run_on_grid(grid, config, None)
-    assert summary["status"] == "completed"
+    assert summary.status == "completed"
     # Evaluation asks every client; client 5 has no node that answered the QUERY correctly.
-    assert any(d["client"] == 5 and "no node" in d["reason"] for d in summary["dropped_clients"])
+    assert any(d["client"] == 5 and "no node" in d["reason"] for d in summary.dropped_clients)
 
 
 def test_a_round_where_no_evaluation_arrives_does_not_end_the_run() -> None:
@@ -165,6 +166,6 @@ def test_a_round_where_no_evaluation_arrives_does_not_end_the_run() -> None:
     grid = grid_for(config)
     grid.failing.update(grid.contexts)
     summary = run_on_grid(grid, config, None)
-    assert summary["status"] == "completed"
-    assert summary["best_round"] is None and summary["bytes_up"] == 0
-    assert {d["client"] for d in summary["dropped_clients"]} == set(range(NUM_CLIENTS))
+    assert summary.status == "completed"
+    assert summary.best_round is None and summary.bytes_up == 0
+    assert {d["client"] for d in summary.dropped_clients} == set(range(NUM_CLIENTS))

@@ -18,7 +18,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from conftest import without_wall_time
 from graphfed.flower.app import run_on_grid
 from graphfed.flower.server import FLOWER_FIELDS
-from graphfed.sim.engine import build_setup, run_config
+from graphfed.runs import RunResult
+from graphfed.setup import build_setup
+from graphfed.sim.engine import run_config
 from test_flower import NUM_CLIENTS, flower_config, grid_for
 
 LIAR = 2  # the partition id of the node that lies
@@ -31,7 +33,7 @@ def tampered_run(config_overrides: list[str], tamper: Callable[[RecordDict, Mess
     grid = grid_for(config)
     grid.tamper[grid.node_of_partition(LIAR)] = tamper
     summary = run_on_grid(grid, config, None)
-    assert summary["status"] == "completed"
+    assert summary.status == "completed"
     return summary
 
 
@@ -50,8 +52,8 @@ def on(kind: str, rewrite: Callable[[RecordDict], RecordDict]) -> Callable[[Reco
     return lambda content, message: rewrite(content) if message.metadata.message_type == kind else content
 
 
-def drops_of(summary: dict[str, Any], client: int = LIAR) -> list[str]:
-    return [d["reason"] for d in summary["dropped_clients"] if d["client"] == client]
+def drops_of(summary: RunResult, client: int = LIAR) -> list[str]:
+    return [d["reason"] for d in summary.dropped_clients if d["client"] == client]
 
 
 @pytest.mark.parametrize(("name", "forge", "message"), [
@@ -72,10 +74,10 @@ def test_a_forged_training_reply_is_dropped_and_never_aggregated(name: str, forg
     summary = tampered_run(["train.rounds=2"], on("train", forge))
     reasons = drops_of(summary)
     assert len(reasons) == 2 and all(message in reason for reason in reasons), (name, reasons)
-    assert summary["drop_counts"]["invalid_reply"] == 2
+    assert summary.drop_counts["invalid_reply"] == 2
     # every other client's update arrived: bytes up count the 5 honest clients of each round only
     dim = build_setup(flower_config("fedavg")).spec.dim
-    assert summary["bytes_up"] == 2 * (NUM_CLIENTS - 1) * dim * 4
+    assert summary.bytes_up == 2 * (NUM_CLIENTS - 1) * dim * 4
 
 
 def test_a_forged_evaluation_metric_is_dropped_and_never_enters_model_selection(
@@ -101,13 +103,13 @@ def test_a_forged_evaluation_metric_is_dropped_and_never_enters_model_selection(
     summary = tampered_run(["train.rounds=2", "train.eval_every=1"], on("evaluate", forge))
     reasons = drops_of(summary)
     assert len(reasons) == 2 and all("is not its numerator over its rows" in reason for reason in reasons)
-    assert summary["drop_counts"]["invalid_reply"] == 2  # one evaluation per round
+    assert summary.drop_counts["invalid_reply"] == 2  # one evaluation per round
     assert len(scored) == 2
     for scores in scored:
         for split in ("val", "test"):
             metric = scores[split].metric
             assert metric[LIAR].isnan() and not metric[torch.arange(NUM_CLIENTS) != LIAR].isnan().any()
-    assert summary["val_mean"] is not None
+    assert summary.val_mean is not None
 
 
 @pytest.mark.parametrize(("name", "forge", "message"), [
@@ -146,21 +148,21 @@ def test_a_node_claiming_a_partition_id_already_served_is_refused() -> None:
     impostor = grid.node_of_partition(4)
     grid.contexts[impostor].node_config["partition-id"] = 1
     summary = run_on_grid(grid, config, None)
-    assert summary["status"] == "completed"
-    refused = summary["refused_nodes"]
+    assert summary.status == "completed"
+    refused = summary.refused_nodes
     first_claim = min(grid.node_of_partition(1), impostor)  # nodes are asked in id order; the first claim holds
     second_claim = max(grid.node_of_partition(1), impostor)
     assert refused == [{"node": second_claim, "claimed": 1,
                         "reason": f"partition id 1 is already served by node {first_claim} in this run"}]
     # the impostor's own partition (4) has no node: dropped every round, counted
-    assert summary["drop_counts"]["no_node"] >= 2
+    assert summary.drop_counts["no_node"] >= 2
 
 
 def test_an_identity_reply_that_is_not_an_integer_is_refused() -> None:
     summary = tampered_run(["train.rounds=1"], lambda content, message: RecordDict(
         {"identity": ConfigRecord({"partition-id": "2"})}) if message.metadata.message_type == "query" else content)
-    assert summary["refused_nodes"][0]["reason"] == "invalid identity reply (partition id '2' is not an integer)"
-    assert summary["drop_counts"]["no_node"] >= 1
+    assert summary.refused_nodes[0]["reason"] == "invalid identity reply (partition id '2' is not an integer)"
+    assert summary.drop_counts["no_node"] >= 1
 
 
 @pytest.mark.parametrize("attack", [["attack.kind=model_poisoning", "attack.count=2"],
@@ -170,10 +172,10 @@ def test_attacks_on_flower_nodes_give_the_simulators_numbers(attack: list[str]) 
     config = flower_config("fedavg", "dataset.novel_fraction=0", *attack)
     simulated = run_config(config, progress=False)
     on_flower = run_on_grid(grid_for(config), config, None)
-    assert on_flower["dropped_clients"] == []
+    assert on_flower.dropped_clients == []
     comparable = {k: v for k, v in without_wall_time(on_flower).items() if k not in FLOWER_FIELDS}
     assert comparable == without_wall_time(simulated)
-    assert simulated["attack"]["malicious_clients"] and simulated["honest_test_mean"] is not None
+    assert simulated.attack["malicious_clients"] and simulated.honest_test_mean is not None
 
 
 def test_a_backdoor_and_simple_tuning_on_flower_give_the_simulators_numbers() -> None:
@@ -184,4 +186,4 @@ def test_a_backdoor_and_simple_tuning_on_flower_give_the_simulators_numbers() ->
     on_flower = run_on_grid(grid_for(config), config, None)
     comparable = {k: v for k, v in without_wall_time(on_flower).items() if k not in FLOWER_FIELDS}
     assert comparable == without_wall_time(simulated)
-    assert simulated["asr_mean"] is not None and simulated["asr_malicious"] is not None
+    assert simulated.asr_mean is not None and simulated.asr_malicious is not None

@@ -24,7 +24,7 @@ from graphfed.data.datasets.folder import (
     write_federation,
 )
 from graphfed.data.federation import ClientSplit, Federation
-from graphfed.data.summary import graph_stats, label_histogram
+from graphfed.report.federation import graph_stats, label_histogram
 from graphfed.sim.engine import run_config
 
 runner = CliRunner()
@@ -404,6 +404,6 @@ def test_a_short_run_on_the_example_folder_learns(tmp_path: Path) -> None:
                                                   "dataset.num_clients=null", "train.lr=0.2"))
         summaries.append(run_config(config, None, progress=False))
     npz, from_csv = summaries
-    assert npz["status"] == "completed" and npz["dataset"] == "example"
-    assert npz["test_mean"] > 0.85, npz["test_mean"]
-    assert from_csv["test_mean"] == npz["test_mean"] and from_csv["val_mean"] == npz["val_mean"]
+    assert npz.status == "completed" and npz.dataset == "example"
+    assert npz.test_mean > 0.85, npz.test_mean
+    assert from_csv.test_mean == npz.test_mean and from_csv.val_mean == npz.val_mean

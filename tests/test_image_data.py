@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
+from graphfed.client.evaluation import evaluate_clients
 from graphfed.config import ConfigError, DatasetConfig
 from graphfed.core.params import ParamSpec
 from graphfed.data import DATASETS, Federation, build_federation
@@ -28,7 +29,6 @@ from graphfed.data.datasets.idx import (
 from graphfed.data.federation import ClientSplit
 from graphfed.models import MODELS, build_model
 from graphfed.models.cnn_bn import CNNBN, PaddingAwareBatchNorm2d
-from graphfed.sim.client import evaluate_clients
 
 SHARED_DATA = (Path(__file__).parents[1] / "../shared/data").resolve()
 

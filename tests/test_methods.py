@@ -205,11 +205,11 @@ def test_panacea_learns_fl_n_and_beats_fedavg() -> None:
     the novel clients through the graph, and it clearly beats FedAvg's single model on the same config."""
     panacea = run_config(load_config(None, [*ACCURACY_RUN, "method.name=panacea"]), progress=False)
     fedavg = run_config(load_config(None, [*ACCURACY_RUN, "method.name=fedavg"]), progress=False)
-    assert panacea["status"] == fedavg["status"] == "completed"
-    assert panacea["test_mean"] >= PANACEA_MIN_TEST_ACCURACY, panacea["test_mean"]
-    assert panacea["novel_mean"] >= PANACEA_MIN_NOVEL_ACCURACY, panacea["novel_mean"]
-    assert panacea["test_mean"] - fedavg["test_mean"] >= PANACEA_MIN_LEAD_OVER_FEDAVG, (
-        panacea["test_mean"], fedavg["test_mean"])
+    assert panacea.status == fedavg.status == "completed"
+    assert panacea.test_mean >= PANACEA_MIN_TEST_ACCURACY, panacea.test_mean
+    assert panacea.novel_mean >= PANACEA_MIN_NOVEL_ACCURACY, panacea.novel_mean
+    assert panacea.test_mean - fedavg.test_mean >= PANACEA_MIN_LEAD_OVER_FEDAVG, (
+        panacea.test_mean, fedavg.test_mean)
 
 
 def _no_graph_simulator(make_config: ConfigFactory, *overrides: str) -> Simulator:
@@ -246,7 +246,7 @@ def test_panacea_without_a_graph_logs_the_inference_note(make_config: ConfigFact
         summary = simulator.run()
     inferred = [r.getMessage() for r in caplog.records if "no client graph given" in r.getMessage()]
     assert len(inferred) == 1
-    assert any("no client graph given" in note for note in summary["notes"])
+    assert any("no client graph given" in note for note in summary.notes)
 
 
 def test_panacea_on_a_graph_free_copy_of_fl_n_also_infers(make_config: ConfigFactory) -> None:
@@ -342,7 +342,7 @@ def test_panacea_learns_with_every_selectable_gnn(make_config: ConfigFactory, tm
                          "hypernet_hidden: 16, server_steps: 2}", "train.rounds=30", "train.eval_every=2")
     summary = run_config(config, tmp_path, progress=False)
     rounds = read_rounds(tmp_path)
-    assert summary["status"] == "completed"
+    assert summary.status == "completed"
     assert max(r["val_mean"] for r in rounds) >= rounds[0]["val_mean"] + 0.1
 
 
@@ -364,6 +364,6 @@ def test_fedavg_evaluates_every_client_without_copying_the_global_model(make_con
 def test_local_is_billed_no_traffic(make_config) -> None:
     """Local never sends or receives weights: its bytes up and down are 0, FedAvg's are not."""
     local = run_config(make_config("local"), progress=False)
-    assert local["bytes_up"] == local["bytes_down"] == 0
+    assert local.bytes_up == local.bytes_down == 0
     fedavg = run_config(make_config("fedavg"), progress=False)
-    assert fedavg["bytes_up"] > 0 and fedavg["bytes_down"] > 0
+    assert fedavg.bytes_up > 0 and fedavg.bytes_down > 0

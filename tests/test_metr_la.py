@@ -323,5 +323,5 @@ def test_gru_federated_run_beats_the_mean_and_last_value_baselines(tmp_path: Pat
     mean_mse = float((test_y - fed.train.y.mean()).pow(2).mean())
     last_value_mse = float((test_y - test_x[:, :, -1:]).pow(2).mean())
     summary = run_config(cfg, federation=fed, progress=False)
-    assert summary["status"] == "completed" and summary["metric"] == "mse"
-    assert summary["test_mean"] < 0.75 * min(mean_mse, last_value_mse)
+    assert summary.status == "completed" and summary.metric == "mse"
+    assert summary.test_mean < 0.75 * min(mean_mse, last_value_mse)

@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from conftest import ConfigFactory
+from graphfed.client.contract import LocalTraining
+from graphfed.client.evaluation import evaluate_clients
+from graphfed.client.training import validation_feedback
 from graphfed.core.hypergrad import hypergradient_step
 from graphfed.core.rng import unit_direction
 from graphfed.methods.pfedgat import PFedGAT
-from graphfed.sim.client import LocalTraining, evaluate_clients, validation_feedback
 from graphfed.sim.engine import Simulator
 
 SMALL = "method.options={heads: 4, head_dim: 8, server_lr: 0.01}"
@@ -157,7 +159,7 @@ def test_uniform_ablation_averages_the_trained_clients_and_asks_no_feedback(make
     of the clients that trained, and uploads only its update (no feedback, so no bytes for it)."""
     simulator = _after_rounds(make_config, 2, "method.options={attention: uniform}", "train.clients_per_round=6")
     method: PFedGAT = simulator.setup.method  # type: ignore[assignment]
-    assert method.client_feedback == "none" and not hasattr(method, "gat")
+    assert simulator.setup.training.feedback == "none" and not hasattr(method, "gat")
     trained = method.has_trained  # the clients sampled in the two rounds
     sent = method.personalize(torch.arange(12)).detach()
     expected = method.client_weights[trained].mean(dim=0)
@@ -172,7 +174,7 @@ def test_direct_ablation_learns_the_weight_matrix_itself_from_the_same_feedback(
     GAT built."""
     start = _after_rounds(make_config, 0, "method.options={attention: direct}")
     method: PFedGAT = start.setup.method  # type: ignore[assignment]
-    assert not hasattr(method, "gat") and method.client_feedback == "val_gradient"
+    assert not hasattr(method, "gat") and start.setup.training.feedback == "val_gradient"
     torch.testing.assert_close(method.attention(torch.arange(12)), torch.full((12, 12), 1 / 12))
     trained = _after_rounds(make_config, 3, "method.options={attention: direct, server_lr: 1.0}")
     rows = trained.setup.method.attention(torch.arange(12)).detach()  # type: ignore[attr-defined]
@@ -193,8 +195,8 @@ def test_late_clients_are_never_sampled_before_they_join(make_config: ConfigFact
     assert torch.isin(late, later_rounds).all()
     summary = simulator.run()
     names = simulator.setup.federation.client_names
-    assert summary["late_clients"] == [names[int(i)] for i in late] and summary["join_round"] == 7
-    assert 0.0 <= summary["late_test_final"] <= 1.0
+    assert summary.late_clients == [names[int(i)] for i in late] and summary.join_round == 7
+    assert 0.0 <= summary.late_test_final <= 1.0
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

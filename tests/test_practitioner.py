@@ -16,7 +16,9 @@ from graphfed.data import build_federation
 from graphfed.data.datasets.folder import write_example_federation
 from graphfed.methods import METHODS
 from graphfed.methods.aggregation import PersonalizedAggregation
-from graphfed.sim.engine import build_setup, run_config
+from graphfed.runs import read_result
+from graphfed.setup import build_setup
+from graphfed.sim.engine import run_config
 
 FLN = ["dataset.name=fln", "dataset.num_clients=12", "model.options={hidden: 8}", "train.local_steps=5",
        "train.batch_size=16", "train.clients_per_round=4", "train.eval_every=2", "train.rounds=6",
@@ -45,11 +47,11 @@ def test_fedavg_ft_scores_novel_clients_as_fedavg_does(tmp_path: Path) -> None:
 def test_local_reports_no_novel_score_and_says_why() -> None:
     summary = run_config(load_config(None, [*FLN, "dataset.novel_fraction=0.25", "method.name=local"]),
                          progress=False)
-    assert summary["novel_mean"] is None and summary["num_novel_clients"] == 3
-    assert "never trained has no model" in summary["novel_none_reason"]
+    assert summary.novel_mean is None and summary.num_novel_clients == 3
+    assert "never trained has no model" in summary.novel_none_reason
     fedavg = run_config(load_config(None, [*FLN, "dataset.novel_fraction=0.25", "method.name=fedavg"]),
                         progress=False)
-    assert fedavg["novel_mean"] is not None and fedavg["novel_none_reason"] is None
+    assert fedavg.novel_mean is not None and fedavg.novel_none_reason is None
 
 
 @pytest.mark.parametrize("method", AGGREGATION_FAMILY)
@@ -101,7 +103,7 @@ def test_a_run_names_its_novel_clients_and_warns_a_small_federation(folder: Path
             "train.eval_every=1", "train.local_steps=2", "train.clients_per_round=2"]
     with caplog.at_level(logging.INFO, logger="graphfed"):
         summary = run_config(load_config(None, [*base, "dataset.novel_fraction=0.2"]), progress=False)
-    novel = summary["novel_clients"]
+    novel = summary.novel_clients
     assert len(novel) == 2
     assert f"novel clients (held out of training): {', '.join(novel)}" in caplog.text
     assert "holds out 2 of only 8 clients" in caplog.text and "dataset.novel_clients" in caplog.text
@@ -121,10 +123,10 @@ def test_the_client_graph_is_one_setting(folder: Path) -> None:
             "train.eval_every=1", "train.local_steps=2", "train.clients_per_round=2",
             "method.options={embedding_dim: 4, gnn_hidden: 8, hypernet_hidden: 8, server_steps: 1}"]
     given = run_config(load_config(None, base), progress=False)
-    assert given["client_graph"] == {"source": "given", "edges": 7}  # two chains of 4 and one bridge
+    assert given.client_graph == {"source": "given", "edges": 7}  # two chains of 4 and one bridge
     dropped = run_config(load_config(None, [*base, "dataset.graph=none"]), progress=False)
-    assert dropped["client_graph"] == {"source": "none", "edges": 0}
-    assert any("inferring one" in note for note in dropped["notes"])
+    assert dropped.client_graph == {"source": "none", "edges": 0}
+    assert any("inferring one" in note for note in dropped.notes)
     knn = build_federation(load_config(None, [*base, "dataset.graph=knn", "dataset.graph_k=2"]).dataset, 0)
     assert knn.client_graph is not None and torch.equal(knn.client_graph, knn.client_graph.T)
     assert bool((knn.client_graph.sum(1) >= 2).all())
@@ -132,8 +134,8 @@ def test_the_client_graph_is_one_setting(folder: Path) -> None:
     same_group = sum(float(knn.client_graph[i, j]) for i in range(8) for j in range(8) if (i - j) % 2 == 0)
     assert same_group / float(knn.client_graph.sum()) > 0.75
     summary = run_config(load_config(None, [*base, "dataset.graph=knn", "dataset.graph_k=2"]), progress=False)
-    assert summary["client_graph"]["source"] == "knn"
-    assert json.loads(json.dumps(summary))["client_graph"]["edges"] == int(knn.client_graph.sum()) // 2
+    assert summary.client_graph["source"] == "knn"
+    assert json.loads(json.dumps(summary.to_json()))["client_graph"]["edges"] == int(knn.client_graph.sum()) // 2
 
 
 # ---- reading results ----------------------------------------------------------------------------------------------
@@ -176,7 +178,7 @@ def test_accuracy_tables_say_percent_and_higher_is_better() -> None:
 
 def test_collaboration_heatmaps_label_clients_by_name_and_mark_novel_ones(folder: Path, tmp_path: Path) -> None:
     from graphfed.report.plots import plot_graphs
-    from graphfed.sim.checkpoint import load_graph_clients
+    from graphfed.runs import load_graph_clients
 
     out = tmp_path / "run"
     run_config(load_config(None, ["dataset.name=folder", f"dataset.data_dir={folder}", "method.name=fedaghn",
@@ -203,7 +205,7 @@ def test_inspect_reports_size_imbalance_and_warns_about_a_dominant_client(tmp_pa
 
     from graphfed import cli
     from graphfed.data.datasets.folder import write_federation
-    from graphfed.data.summary import size_stats
+    from graphfed.report.federation import size_stats
 
     rng = torch.Generator().manual_seed(0)
     sizes = {"metro-a": 20, "metro-b": 22, "metro-c": 24, "hub": 600}
@@ -261,21 +263,21 @@ def test_registering_a_dataset_is_checked() -> None:
 
 def test_the_config_module_imports_no_registry() -> None:
     """graphfed.config validates names through a registered check: it imports none of the registries that import
-    it (no import cycle)."""
+    it (no import cycle), only the error root below everything."""
     import ast
 
     source = (Path(__file__).parents[1] / "src" / "graphfed" / "config.py").read_text()
     imported = {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)}
     imported |= {alias.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Import)
                  for alias in node.names}
-    assert not {name for name in imported if name and name.startswith("graphfed")}
+    assert {name for name in imported if name and name.startswith("graphfed")} == {"graphfed.errors"}
 
 
 # ---- a fixed split: the spread over seeds is training randomness only --------------------------------------------
 
 def test_row_standard_error_matches_a_bootstrap_over_test_rows() -> None:
     """The recorded ``test_row_se`` is what resampling each client's test rows does to the mean over clients."""
-    from graphfed.sim.client import ClientScores
+    from graphfed.client.evaluation import ClientScores
     from graphfed.sim.engine import _row_standard_error
 
     generator = torch.Generator().manual_seed(0)
@@ -294,7 +296,7 @@ def test_a_folder_suite_says_its_spread_is_training_randomness_and_adds_the_row_
                                                                                           tmp_path: Path) -> None:
     import yaml
 
-    from graphfed.report.bench import run_suite
+    from graphfed.bench import run_suite
 
     suite = tmp_path / "suite.yaml"
     suite.write_text(yaml.safe_dump({
@@ -306,5 +308,5 @@ def test_a_folder_suite_says_its_spread_is_training_randomness_and_adds_the_row_
     assert done and "the ± over seeds covers training randomness only" in text
     header = next(line for line in text.splitlines() if line.startswith("| method |"))
     assert "± over test rows (95 %)" in header
-    summary = json.loads((tmp_path / "out" / "runs" / "mine" / "fedavg" / "seed0" / "summary.json").read_text())
-    assert 0 < summary["test_row_se"] < 0.5
+    summary = read_result(tmp_path / "out" / "runs" / "mine" / "fedavg" / "seed0")
+    assert 0 < summary.test_row_se < 0.5

@@ -18,7 +18,7 @@ from typer.testing import CliRunner, Result
 from conftest import ConfigFactory
 from graphfed import cli
 from graphfed.config import dump_config
-from graphfed.sim import checkpoint as io_module
+from graphfed.sim import checkpoint
 from graphfed.sim.checkpoint import CHECKPOINT, CHECKPOINT_MAGIC, CheckpointError, load_checkpoint
 
 runner = CliRunner()
@@ -136,7 +136,7 @@ def test_checkpoints_carry_a_checksum_header(finished: tuple[Path, Path]) -> Non
     header, _, payload = data.partition(b"\n")
     assert header.startswith(CHECKPOINT_MAGIC)
     assert header[len(CHECKPOINT_MAGIC):].decode() == hashlib.sha256(payload).hexdigest()
-    assert io_module.load_checkpoint(out)["completed_rounds"] == 4
+    assert checkpoint.load_checkpoint(out)["completed_rounds"] == 4
 
 
 def test_summary_json_is_valid_json(finished: tuple[Path, Path]) -> None:
@@ -327,7 +327,7 @@ def test_more_clients_per_round_than_clients_is_recorded(make_config: ConfigFact
     from graphfed.sim.engine import run_config
 
     summary = run_config(make_config("fedavg", "train.clients_per_round=500", "train.rounds=2"), progress=False)
-    assert summary["clients_per_round"] == 12
+    assert summary.clients_per_round == 12
     assert "train.clients_per_round is 500 but only 12 clients train" in caplog.text
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from graphfed.report.bench import Claim, claim_verdict, load_suite, verdict_table
+from graphfed.bench import Claim, claim_verdict, load_suite, verdict_table
 from graphfed.report.verdicts import holm_rejections, seeds_needed, welch_p_value
 
 
@@ -88,7 +88,7 @@ def test_missing_cells_and_other_reports() -> None:
 
 
 def load_suite_with(claims: list[Claim]):
-    from graphfed.report.bench import Suite
+    from graphfed.bench import Suite
 
     return Suite(name="s", datasets={"d": {"methods": ["a", "b"]}}, claims=claims)
 

@@ -2,24 +2,68 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import signal
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+import click
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
-from graphfed.config import ConfigError, RunConfig, load_config, printable, validate_config
+from graphfed.config import RunConfig, load_config, printable, validate_config
+from graphfed.errors import EXIT_INPUT, EXIT_STOPPED, GraphfedError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="graphfed: graph-relational personalised federated learning.")
+if TYPE_CHECKING:
+    from graphfed.runs import RunResult
+
+EXIT_CONFIG = EXIT_INPUT  # invalid config, unknown method/dataset/model, bad --set, data files, suites
+EXIT_RUN = EXIT_STOPPED  # the run stopped (non-finite update, unusable checkpoint)
+EXIT_INTERNAL = 1  # a bug: anything that is not a GraphfedError
+EXIT_INTERRUPTED = 130
+BUG_REPORT = ("this is a bug in graphfed (or in a plugin it runs), not in your input: please report it with the "
+              "command and the output of the same command with --verbose (README, 'Reporting a bug')")
+
+
+class _Commands(typer.Typer):
+    """Every command reports graphfed's user-facing errors (:class:`GraphfedError`) as one line with the exit code of
+    their kind, and anything else as an internal error (exit 1; the traceback with ``--verbose``)."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        register = super().command(*args, **kwargs)
+        return lambda function: register(_reporting_errors(function))
+
+
+def _reporting_errors(function: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
+            raise
+        except GraphfedError as err:
+            _fail(str(err), err.exit_code)
+        except Exception as err:
+            if kwargs.get("verbose") or os.environ.get("GRAPHFED_TRACEBACK"):
+                traceback.print_exc()
+            reason = (str(err).strip().splitlines() or [""])[0][:300]
+            typer.echo(f"internal error: {type(err).__name__}: {printable(reason)}", err=True)
+            typer.echo(BUG_REPORT, err=True)
+            raise typer.Exit(EXIT_INTERNAL) from None
+
+    return command
+
+
+app = _Commands(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                help="graphfed: graph-relational personalised federated learning.")
 console = Console()
 
 
@@ -28,9 +72,6 @@ def show(table: Table) -> None:
     from graphfed.report.tables import print_table
 
     print_table(console, table)
-EXIT_CONFIG = 2  # invalid config, unknown method/dataset/model, bad --set
-EXIT_RUN = 3  # the run stopped (non-finite update, unusable checkpoint)
-EXIT_INTERRUPTED = 130
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -53,11 +94,7 @@ def _check_out(out: Path, option: str = "--out") -> None:
 
 
 def _load(config: Path | None, overrides: list[str] | None) -> RunConfig:
-    try:
-        return load_config(config, overrides or [])
-    except ConfigError as err:
-        _fail(str(err), EXIT_CONFIG)
-        raise  # unreachable; keeps type checkers happy
+    return load_config(config, overrides or [])
 
 
 @contextmanager
@@ -74,23 +111,18 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _run_one(cfg: RunConfig, out: Path | None, resume: bool, progress: bool = True) -> dict[str, Any]:
+def _run_one(cfg: RunConfig, out: Path | None, resume: bool, progress: bool = True) -> RunResult:
     # Imported per command: `graphfed --help` should not pay for torch.
-    from graphfed.sim.checkpoint import CheckpointError
     from graphfed.sim.engine import run_config
 
     try:
         with _sigterm_as_interrupt():
             summary = run_config(cfg, out, resume=resume, progress=progress)
-    except (ConfigError, FileNotFoundError) as err:  # the config or its data files: input to fix
-        _fail(str(err), EXIT_CONFIG)
-    except (CheckpointError, ValueError) as err:
-        _fail(str(err), EXIT_RUN)
     except KeyboardInterrupt:
         # Typer turns KeyboardInterrupt into a silent exit; say how to continue.
         _fail(f"interrupted; the last checkpoint in {out} is kept, continue with --resume", EXIT_INTERRUPTED)
-    if summary["status"] != "completed":
-        _fail(f"{summary['status']} (summary in {out})", EXIT_RUN)
+    if not summary.completed:
+        _fail(f"{summary.status} (summary in {out})", EXIT_RUN)
     return summary
 
 
@@ -115,38 +147,37 @@ def run(config: Annotated[Path, typer.Argument(help="YAML run config")],
     console.print(f"results in [bold]{out}[/bold]")
 
 
-def _print_summary(summary: dict[str, Any]) -> None:
+def _print_summary(summary: RunResult) -> None:
     from graphfed.report.tables import format_value
 
-    metric = summary["metric"]
-    table = Table(title=f"{summary['method']} on {summary['dataset']} (best validation round "
-                        f"{summary['best_round']} of {summary['rounds']})")
+    metric = summary.metric
+    table = Table(title=f"{summary.method} on {summary.dataset} (best validation round "
+                        f"{summary.best_round} of {summary.rounds})")
     from graphfed.report.tables import metric_label
 
     for header in (f"test {metric_label(metric)} (mean ± std over clients)", "pooled", "novel", "novel (adapted)",
                    "wall s"):
         table.add_column(header, overflow="fold")
-    pooled = summary["test_pooled"]
-    table.add_row(format_value((summary["test_mean"], summary["test_std"]), metric),
+    pooled = summary.test_pooled
+    table.add_row(format_value((summary.test_mean, summary.test_std), metric),
                   format_value((pooled, 0.0), metric).split(" ±")[0],
-                  format_value(None if summary["novel_mean"] is None
-                               else (summary["novel_mean"], summary["novel_std"]), metric),
-                  format_value(None if summary["novel_adapted_mean"] is None
-                               else (summary["novel_adapted_mean"], summary["novel_adapted_std"]), metric),
-                  f"{summary['wall_seconds']:.1f}")
+                  format_value(None if summary.novel_mean is None
+                               else (summary.novel_mean, summary.novel_std), metric),
+                  format_value(None if summary.novel_adapted_mean is None
+                               else (summary.novel_adapted_mean, summary.novel_adapted_std), metric),
+                  f"{summary.wall_seconds:.1f}")
     show(table)
-    attack = summary.get("attack") or {}
-    if attack.get("malicious_clients") or summary.get("asr_mean") is not None:
+    attack = summary.attack
+    if attack.get("malicious_clients") or summary.asr_mean is not None:
         robustness = Table(title=f"under attack: {attack.get('kind')}, {len(attack.get('malicious_clients', []))} "
                                  f"malicious client(s)")
         for header in ("honest clients", "malicious clients", "ASR honest", "ASR malicious"):
             robustness.add_column(header)
-        honest, malicious = summary.get("honest_test_mean"), summary.get("malicious_test_mean")
+        honest, malicious = summary.honest_test_mean, summary.malicious_test_mean
         robustness.add_row(
-            "—" if honest is None else format_value((honest, summary["honest_test_std"]), metric),
+            "—" if honest is None else format_value((honest, summary.honest_test_std), metric),
             "—" if malicious is None else format_value((malicious, 0.0), metric).split(" ±")[0],
-            *("—" if summary.get(key) is None else f"{100 * summary[key]:.2f} %" for key in ("asr_honest",
-                                                                                           "asr_malicious")))
+            *("—" if asr is None else f"{100 * asr:.2f} %" for asr in (summary.asr_honest, summary.asr_malicious)))
         show(robustness)
 
 
@@ -160,7 +191,7 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
     """Run several methods over several seeds; print one table of mean ± std over seeds."""
     from graphfed.report.plots import plot_comparison
     from graphfed.report.tables import compare_rows, headers, markdown_table, metric_label, row_cells
-    from graphfed.sim.checkpoint import RoundLog, atomic_write_text
+    from graphfed.runs import RoundLog, atomic_write_text
 
     _setup_logging(verbose)
     base = _load(config, overrides)
@@ -176,16 +207,13 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
         configs[name] = []
         for k in range(seeds):
             data["seed"] = base.seed + k
-            try:
-                configs[name].append(validate_config(data))
-            except ConfigError as err:
-                _fail(str(err), EXIT_CONFIG)
-    summaries: dict[str, list[dict[str, Any]]] = {}
+            configs[name].append(validate_config(data))
+    summaries: dict[str, list[RunResult]] = {}
     for name, runs in configs.items():
         summaries[name] = [_run_one(cfg, out / name / f"seed{cfg.seed}", False, progress) for cfg in runs]
     rows = compare_rows(summaries)
     metric = rows[0]["metric"]
-    dataset = next(iter(summaries.values()))[0]["dataset"]  # a folder's own name (meta.yaml), not "folder"
+    dataset = next(iter(summaries.values()))[0].dataset  # a folder's own name (meta.yaml), not "folder"
     table = Table(title=f"{dataset}: personalised {metric_label(metric)}, {seeds} seed(s)")
     for header in headers(metric):
         table.add_column(header, overflow="fold")
@@ -194,7 +222,8 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
     show(table)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "compare.md", markdown_table(rows))
-    atomic_write_text(out / "compare.json", json.dumps(summaries, indent=2) + "\n")
+    atomic_write_text(out / "compare.json", json.dumps({name: [result.to_json() for result in results]
+                                                        for name, results in summaries.items()}, indent=2) + "\n")
     histories = {name: RoundLog(out / name / f"seed{base.seed}").read() for name in names}
     plot_comparison(histories, out / "compare.png", metric, title=dataset)
     console.print(f"table: {out / 'compare.md'}, curves: {out / 'compare.png'}")
@@ -224,11 +253,7 @@ def plot_graphs_command(run_dir: Annotated[Path, typer.Argument(help="a run dire
     """Heatmaps of a run's collaboration graphs, per layer and over rounds."""
     from graphfed.report.plots import plot_graphs
 
-    try:
-        paths = plot_graphs(run_dir, out)
-    except (FileNotFoundError, ValueError) as err:
-        _fail(str(err), EXIT_RUN)
-    for path in paths:
+    for path in plot_graphs(run_dir, out):
         console.print(f"wrote {path}")
 
 
@@ -254,8 +279,8 @@ def bench(suite: Annotated[Path, typer.Argument(help="suite YAML: methods x data
     report name)."""
     import shlex
 
+    from graphfed.bench import run_suite
     from graphfed.config import apply_overrides
-    from graphfed.report.bench import run_suite
 
     _setup_logging(verbose)
     _check_out(out)
@@ -274,8 +299,6 @@ def bench(suite: Annotated[Path, typer.Argument(help="suite YAML: methods x data
                                          overrides=extra, data_dir=data_dir, in_process=in_process,
                                          echo=console.print, command=command, report_only=report_only,
                                          keep_stale=keep_stale)
-    except ConfigError as err:
-        _fail(str(err), EXIT_CONFIG)
     except KeyboardInterrupt:
         _fail(f"interrupted; finished cells are kept in {out}, run the same command again to continue",
               EXIT_INTERRUPTED)
@@ -299,24 +322,18 @@ def inspect_command(directory: Annotated[Path | None, typer.Argument(help="a fed
     from graphfed.data import build_federation
     from graphfed.data.datasets.folder import load_federation
     from graphfed.data.federation import Federation
-    from graphfed.data.summary import render_federation
+    from graphfed.report.federation import render_federation
 
     if (directory is None) == (config is None):
         _fail("give a federation folder or --config CONFIG (one of the two)", EXIT_CONFIG)
     if directory is not None and overrides:
         _fail("--set applies to --config only", EXIT_CONFIG)
     fed: Federation
-    try:
-        if directory is not None:
-            fed = load_federation(directory)
-        else:
-            cfg = _load(config, overrides)
-            fed = build_federation(cfg.dataset, cfg.seed)
-    # FederationFormatError and ConfigError are ValueErrors; missing data files are FileNotFoundErrors. All are
-    # bad input here (nothing runs), hence exit code 2.
-    except (FileNotFoundError, ValueError) as err:
-        _fail(str(err), EXIT_CONFIG)
-        raise  # unreachable; keeps type checkers happy
+    if directory is not None:
+        fed = load_federation(directory)
+    else:
+        cfg = _load(config, overrides)
+        fed = build_federation(cfg.dataset, cfg.seed)
     render_federation(fed, console, max_clients)
 
 
@@ -335,26 +352,19 @@ def arch_graph_command(
 
     try:
         shape = tuple(int(part) for part in input_shape.split(","))
-        parsed = {}
-        for option in options or []:
-            keys, value = parse_override(option, "--option", "arch=arch2")
-            parsed[".".join(keys)] = value
-    except ConfigError as err:  # before ValueError: a ConfigError is one
-        _fail(str(err), EXIT_CONFIG)
-        raise
     except ValueError:
         _fail(f"--input-shape {input_shape!r}: expected integers separated by commas, e.g. 3,32,32", EXIT_CONFIG)
         raise
+    parsed = {}
+    for option in options or []:
+        keys, value = parse_override(option, "--option", "arch=arch2")
+        parsed[".".join(keys)] = value
     from graphfed.data.federation import ClientSplit, Federation
 
     empty = ClientSplit.from_lists([], [], "classification")
     federation = Federation(name="shape-only", task="classification", train=empty, val=empty, test=empty,
                             input_shape=shape, output_dim=classes)
-    try:
-        graph = architecture_graph(build_model(model, federation, parsed))
-    except ConfigError as err:
-        _fail(str(err), EXIT_CONFIG)
-        raise
+    graph = architecture_graph(build_model(model, federation, parsed))
     label = f"{model} {parsed}" if parsed else model
     table = Table(title=f"{label}: {graph.num_nodes} nodes, {graph.edges.shape[1]} edges")
     for header in ("#", "node", "type", "kernel", "stride", "width", "inputs from"):

@@ -11,9 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-
-class ConfigError(ValueError):
-    """A config that cannot run. The message is one line naming the field and what is allowed."""
+from graphfed.errors import ConfigError  # defined with the other user-facing errors; importable from here too
 
 
 def printable(text: str) -> str:

@@ -1,10 +1,10 @@
 """Which code produced a run: every ``summary.json`` records it, and ``graphfed bench`` compares it.
 
 The *code id* is a SHA-256 over the installed ``graphfed`` sources that compute a run's numbers: every ``.py``
-file of the package except those that only render or dispatch results (``report/``, ``cli.py``), whose edits
-cannot move a number. It is the identity benchmarks compare (two runs with the same code id and config give the
-same numbers on the same CPU); the package version, the git commit of the checkout (when the package is imported
-from one) and whether its sources differ from that commit (``dirty``) are recorded beside it for a reader.
+file of the package except those that only render or dispatch results (``report/``, ``cli.py``, ``bench.py``),
+whose edits cannot move a number. It is the identity benchmarks compare (two runs with the same code id and config
+give the same numbers on the same CPU); the package version, the git commit of the checkout (when the package is
+imported from one) and whether its sources differ from that commit (``dirty``) are recorded beside it for a reader.
 """
 
 from __future__ import annotations
@@ -14,11 +14,14 @@ import subprocess
 from functools import cache
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from graphfed.runs import RunResult
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 #: package paths whose edits cannot change a run's numbers (they read runs and render them)
-RENDERING_ONLY = ("report/", "cli.py")
+RENDERING_ONLY = ("report/", "cli.py", "bench.py")
 #: what a summary written before runs recorded their code says
 UNRECORDED = "unrecorded"
 
@@ -61,9 +64,9 @@ def code_provenance() -> dict[str, Any]:
             "dirty": None if status is None else bool(status), "torch": torch.__version__}
 
 
-def code_id_of(summary: dict[str, Any]) -> str:
-    """The code id a run's summary recorded (:data:`UNRECORDED` for runs older than provenance)."""
-    code = summary.get("code")
+def code_id_of(result: RunResult) -> str:
+    """The code id a run's result recorded (:data:`UNRECORDED` for runs older than provenance)."""
+    code = result.code
     return str(code.get("code_id", UNRECORDED)) if isinstance(code, dict) else UNRECORDED
 
 

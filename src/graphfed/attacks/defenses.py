@@ -27,9 +27,10 @@ from typing import Literal
 
 import torch
 
+from graphfed.client.contract import ClientSetting, HeadTraining
+from graphfed.client.training import train_clients
 from graphfed.data.federation import ClientSplit
 from graphfed.models.base import TargetModel
-from graphfed.sim.client import ClientSetting, HeadTraining, train_clients
 
 Aggregation = Literal["fedavg", "fedmedian", "fedtrimmedavg", "krum", "multikrum"]
 
@@ -68,7 +69,7 @@ def robust_aggregate(updates: torch.Tensor, num_examples: torch.Tensor, aggregat
                      beta: float = 0.2, num_malicious_nodes: int = 0, num_nodes_to_select: int = 1,
                      clipping_norm: float | None = None) -> torch.Tensor:
     """The aggregate ``[dim]`` of client updates ``[n, dim]`` with sample counts ``num_examples [n]``."""
-    from graphfed.methods.base import weighted_mean
+    from graphfed.core.mixing import weighted_mean
 
     if clipping_norm is not None:
         updates = clip_updates(updates, clipping_norm)
@@ -100,6 +101,5 @@ class SimpleTuning:
         head = spec.index_of(setting.head)
         weights = weights.clone()
         weights[:, head] = self.init_weights[head]
-        training = replace(setting.training, steps=self.steps, lr=self.lr)
-        rule = HeadTraining(replace(setting, training=training))
-        return train_clients(model, spec, weights, train, training, setting.task, seeds, rule).trained
+        rule = HeadTraining(replace(setting, training=replace(setting.training, steps=self.steps, lr=self.lr)))
+        return train_clients(model, spec, weights, train, rule, seeds).trained

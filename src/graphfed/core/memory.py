@@ -20,7 +20,7 @@ def check_fits(needed_bytes: float, what: str, advice: str) -> None:
     available = available_memory_bytes()
     if available is None or needed_bytes <= 0.8 * available:
         return
-    from graphfed.config import ConfigError
+    from graphfed.errors import ConfigError
 
     raise ConfigError(f"{what} needs {needed_bytes / 2**30:.1f} GiB but {available / 2**30:.1f} GiB is available; "
                       f"{advice}")

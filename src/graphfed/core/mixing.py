@@ -26,3 +26,10 @@ def mix_layers(mixing: torch.Tensor, weights: torch.Tensor, spec: ParamSpec) -> 
         raise ValueError(f"mixing must be [{len(bounds)} layers, S, {weights.shape[0]} clients], "
                          f"got {tuple(mixing.shape)}")
     return torch.cat([mixing[r] @ weights[:, lo:hi] for r, (lo, hi) in enumerate(bounds)], dim=1)
+
+
+def weighted_mean(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Mean of rows ``values [S, ...]`` weighted by ``weights [S]`` (e.g. sample counts)."""
+    w = weights.to(values.dtype).clamp_min(0)
+    w = w / w.sum().clamp_min(1e-12)
+    return torch.tensordot(w, values, dims=1)

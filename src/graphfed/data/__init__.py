@@ -27,6 +27,7 @@ from graphfed.data.registry import (
     federation_from_clients,
     register_dataset,
 )
+from graphfed.errors import DataError, DataMissingError, GraphfedError
 
 __all__ = ["DATASETS", "ClientSplit", "DatasetInfo", "Federation", "Streams", "build_federation",
            "federation_from_clients", "register_dataset"]
@@ -44,15 +45,17 @@ PARTITIONED = ("digits", "mnist", "fashion-mnist", "cifar10")
 def build_federation(cfg: DatasetConfig, seed: int) -> Federation:
     """Build the federation named by ``cfg.name``; the same (cfg, seed) gives identical tensors.
 
-    Data files are input like a config: a file that is corrupt or out of range raises ``ConfigError`` with the
-    loader's one-line message (which names the file); a missing one raises ``FileNotFoundError``."""
+    Data files are input like a config: a file that is corrupt or out of range raises ``DataError`` with the
+    loader's one-line message (which names the file); a missing one raises ``DataMissingError``."""
     try:
         return _build_federation(cfg, seed)
-    except (ConfigError, FileNotFoundError):
+    except GraphfedError:
         raise
-    except (ValueError, OSError, EOFError, zlib.error) as err:
+    except FileNotFoundError as err:
+        raise DataMissingError(f"dataset {cfg.name}: {printable(str(err))}") from None
+    except (ValueError, OSError, EOFError, zlib.error) as err:  # what a loader says about a file it read
         text = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ConfigError(f"dataset {cfg.name}: {printable(text)}") from None
+        raise DataError(f"dataset {cfg.name}: {printable(text)}") from None
 
 
 def _build_federation(cfg: DatasetConfig, seed: int) -> Federation:

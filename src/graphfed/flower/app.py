@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 import yaml
 from flwr.app import Context
@@ -21,28 +20,24 @@ from graphfed.config import RunConfig, validate_config
 from graphfed.flower import protocol
 from graphfed.flower.client import client_app
 from graphfed.flower.server import FlowerExecutor
-from graphfed.sim.checkpoint import write_summary
-from graphfed.sim.engine import Setup, Simulator
+from graphfed.runs import RunResult
+from graphfed.setup import Setup
+from graphfed.sim.engine import Simulator
 
 server_app = ServerApp()
 log = logging.getLogger("graphfed.flower")
 
 
-def run_on_grid(grid: Grid, config: RunConfig, out_dir: str | Path | None) -> dict[str, Any]:
-    """The simulator's round loop with clients on ``grid``; writes the usual run directory to ``out_dir``."""
-    executors: list[FlowerExecutor] = []
+def run_on_grid(grid: Grid, config: RunConfig, out_dir: str | Path | None) -> RunResult:
+    """The simulator's round loop with clients on ``grid``; writes the usual run directory to ``out_dir`` (its
+    result carries what only Flower knows: dropped clients and refused nodes)."""
 
     def make_executor(setup: Setup) -> FlowerExecutor:
-        executors.append(FlowerExecutor(grid, config, setup))
-        executors[0].wait_for_nodes()
-        return executors[0]
+        executor = FlowerExecutor(grid, config, setup)
+        executor.wait_for_nodes()
+        return executor
 
-    summary = Simulator(config, out_dir, progress=False, executor=make_executor).run()
-    summary.update(executors[0].report())
-    if out_dir:
-        # The simulator wrote summary.json; add what only the Flower engine knows.
-        write_summary(Path(out_dir), summary)
-    return summary
+    return Simulator(config, out_dir, progress=False, executor=make_executor).run()
 
 
 @server_app.main()
@@ -50,11 +45,11 @@ def main(grid: Grid, context: Context) -> None:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     config = validate_config(yaml.safe_load(str(context.run_config[protocol.RUN_CONFIG_KEY])))
     out_dir = str(context.run_config.get(protocol.OUT_DIR_KEY, "")) or None
-    summary = run_on_grid(grid, config, out_dir)
-    dropped = sorted({d["client"] for d in summary["dropped_clients"]})
+    result = run_on_grid(grid, config, out_dir)
+    drops = result.dropped_clients or []
+    dropped = sorted({drop["client"] for drop in drops})
     log.info("graphfed run %s: test %s %.4g (best round %s); %d drop event(s), clients dropped at least once: %s",
-             summary["status"], summary["metric"], summary["test_mean"] or float("nan"), summary["best_round"],
-             len(summary["dropped_clients"]), dropped)
+             result.status, result.metric, result.test_mean or float("nan"), result.best_round, len(drops), dropped)
 
 
 __all__ = ["client_app", "run_on_grid", "server_app"]

@@ -14,50 +14,51 @@ import yaml
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
+from graphfed.client.executor import ArchitectureRuntime, ClientRuntime
 from graphfed.config import validate_config
 from graphfed.data import build_federation
+from graphfed.errors import ConfigError, UntrustedInputError
 from graphfed.flower import protocol
-from graphfed.sim.engine import ClientSide
-from graphfed.sim.executor import ArchitectureRuntime, ClientRuntime
+from graphfed.setup import ClientSide, resolve_method
 
 client_app = ClientApp()
 
 
 @functools.lru_cache(maxsize=2)
 def _client_side(config_yaml: str) -> ClientSide:
-    """Config, networks and data for a run, built once per process (the config text is the cache key)."""
+    """Config, method, networks, client rules and data for a run, built once per process (the config text is the
+    cache key)."""
     config = validate_config(yaml.safe_load(config_yaml))
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
-    return ClientSide.build(config, build_federation(config.dataset, config.seed))
+    return ClientSide.build(config, build_federation(config.dataset, config.seed), resolve_method(config))
 
 
 def _client_id(context: Context) -> tuple[int, ClientSide]:
     side = _client_side(str(context.run_config[protocol.RUN_CONFIG_KEY]))
     if protocol.PARTITION_KEY not in context.node_config:
-        raise ValueError("this SuperNode has no node config 'partition-id'; start it with "
+        raise ConfigError("this SuperNode has no node config 'partition-id'; start it with "
                          "--node-config \"partition-id=<client id> num-partitions=<clients>\"")
     client_id = int(context.node_config[protocol.PARTITION_KEY])
     num_clients = side.federation.num_clients
     if not 0 <= client_id < num_clients:
-        raise ValueError(f"partition-id {client_id} is outside the federation's clients 0..{num_clients - 1}")
+        raise ConfigError(f"partition-id {client_id} is outside the federation's clients 0..{num_clients - 1}")
     return client_id, side
 
 
 def _runtime(message: Message, context: Context) -> tuple[ClientRuntime | ArchitectureRuntime, int, torch.Tensor,
                                                           ConfigRecord]:
-    """This node's client, with the method's client rule built from the run config and the client's state
+    """This node's client, with the method's client rule (built once from the run config) and the client's state
     (what it kept from earlier rounds) restored from ``context.state``. With mixed architectures the node builds
     its own architecture's network from the run config and its partition id."""
     client_id, side = _client_id(context)
     config = message.content["config"]
     if int(config["client-id"]) != client_id:
-        raise ValueError(f"message for client {config['client-id']} reached client {client_id}")
+        raise UntrustedInputError(f"message for client {config['client-id']} reached client {client_id}")
     weights = protocol.record_weights(message.content["arrays"])
     if weights.shape != (side.spec.dim,):
-        raise ValueError(f"received {tuple(weights.shape)} weights, the model has {side.spec.dim}")
-    runtime = side.executor(side.rules(protocol.training_from(config)), int(config["seed"]),
-                            torch.tensor([client_id]))
+        raise UntrustedInputError(f"received {tuple(weights.shape)} weights, the model has {side.spec.dim}")
+    runtime = side.executor(int(config["seed"]), torch.tensor([client_id]))
     if protocol.CLIENT_STATE_KEY in context.state:
         store = runtime.runtime_of(client_id).store
         store.load_state_dict(protocol.record_state(context.state[protocol.CLIENT_STATE_KEY]))
@@ -92,7 +93,8 @@ def train(message: Message, context: Context) -> Message:
     if "broadcast" in message.content:
         arrays = message.content["broadcast"].to_torch_state_dict()
         broadcast = {name: value.unsqueeze(0) for name, value in arrays.items()}
-    result = runtime.train(ids, weights.unsqueeze(0), int(config["round"]), purpose, broadcast=broadcast)
+    steps = int(config["steps"]) if "steps" in config else None  # asked for besides the run's (novel clients)
+    result = runtime.train(ids, weights.unsqueeze(0), int(config["round"]), purpose, steps, broadcast)
     _keep_state(runtime, client_id, context)
     _remember(context, "rounds-trained")
     uploads = list(runtime.runtime_of(client_id).rule.upload_shapes()) if purpose == "local_training" else []

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from graphfed.sim.client import SCORE_FIELDS, ClientScores, LocalTraining
+from graphfed.client.evaluation import SCORE_FIELDS, ClientScores
 
 RUN_CONFIG_KEY = "graphfed-config"  # the resolved graphfed YAML, in the Flower run config
 OUT_DIR_KEY = "out-dir"  # where the ServerApp writes summary.json etc. ("" = nowhere)
@@ -125,18 +125,14 @@ def check_train_reply(content: RecordDict, expect: TrainExpectation) -> tuple[to
 
 
 def train_content(weights: torch.Tensor, client_id: int, round_index: int, purpose: str, seed: int,
-                  training: LocalTraining) -> RecordDict:
-    config = ConfigRecord({"client-id": client_id, "round": round_index, "purpose": purpose, "seed": seed,
-                           "steps": training.steps, "batch-size": training.batch_size, "lr": training.lr,
-                           "feedback": training.feedback,
-                           "feedback-mu": training.feedback_mu})
-    return RecordDict({"arrays": weights_record(weights), "config": config})
-
-
-def training_from(config: ConfigRecord) -> LocalTraining:
-    return LocalTraining(int(config["steps"]), int(config["batch-size"]), float(config["lr"]),
-                         str(config.get("feedback", "none")),
-                         float(config.get("feedback-mu", 1e-3)))
+                  steps: int | None = None) -> RecordDict:
+    """What a node receives: its weights and the round's facts. How it trains (batch, lr, feedback) it knows from the
+    run config; ``steps`` only when the server asks for other than the run's local steps (novel-client
+    adaptation)."""
+    values: dict[str, int | str] = {"client-id": client_id, "round": round_index, "purpose": purpose, "seed": seed}
+    if steps is not None:
+        values["steps"] = steps
+    return RecordDict({"arrays": weights_record(weights), "config": ConfigRecord(values)})
 
 
 def train_reply(delta: torch.Tensor, metrics: dict[str, torch.Tensor], client_id: int,
@@ -242,7 +238,7 @@ CLIENT_STATE_KEY = "graphfed-client-state"  # a node's client-rule state, in its
 
 
 def state_record(state: dict[str, Any]) -> ArrayRecord:
-    """A :class:`~graphfed.sim.executor.ClientStateStore` state as one ArrayRecord (``trained`` + tensors)."""
+    """A :class:`~graphfed.client.executor.ClientStateStore` state as one ArrayRecord (``trained`` + tensors)."""
     arrays = {"trained": state["trained"].to(torch.int8)}
     arrays.update({f"state.{name}": value for name, value in state["tensors"].items()})
     return ArrayRecord(torch_state_dict=arrays)

@@ -19,17 +19,18 @@ import math
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import replace
+from typing import Any
 
 import torch
 from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
+from graphfed.client.contract import LocalTraining
+from graphfed.client.evaluation import ClientScores
+from graphfed.client.executor import ClientExecutor, TrainResult
 from graphfed.config import RunConfig
 from graphfed.flower import protocol
-from graphfed.sim.client import ClientScores, LocalTraining
-from graphfed.sim.engine import Setup
-from graphfed.sim.executor import ClientExecutor, TrainResult
+from graphfed.setup import Setup
 
 log = logging.getLogger("graphfed.flower")
 
@@ -40,7 +41,7 @@ class FlowerExecutor(ClientExecutor):
         self.config = config
         self.dim = setup.spec.dim
         self.num_clients = setup.federation.num_clients
-        self.training: LocalTraining = setup.client_rule.setting.training  # what the simulator's clients run
+        self.training: LocalTraining = setup.training  # what every node's clients run (each resolves it too)
         #: what each node must upload besides its delta (its client rule's extra arrays), checked on arrival
         self.upload_shapes = setup.client_rule.upload_shapes()
         #: the data as the clients hold it (the server builds the same federation): row counts replies must match
@@ -108,8 +109,8 @@ class FlowerExecutor(ClientExecutor):
         self.drop_counts[kind] += 1
         log.warning("round %d: client %d dropped: %s", round_index + 1, client_id, reason)
 
-    def report(self) -> dict[str, object]:
-        """What only the Flower engine knows, for summary.json."""
+    def result_fields(self) -> dict[str, Any]:
+        """What only the Flower engine knows, for the run's result: clients dropped from rounds, nodes refused."""
         return {"dropped_clients": [{"round": r, "client": c, "reason": why} for r, c, why in self.dropped],
                 "drop_counts": {kind: self.drop_counts[kind] for kind in DROP_KINDS},
                 "refused_nodes": [{"node": node, "claimed": claimed, "reason": why}
@@ -156,16 +157,15 @@ class FlowerExecutor(ClientExecutor):
     # ---- ClientExecutor --------------------------------------------------------------------------------
     def train(self, client_ids: torch.Tensor, start: torch.Tensor, round_index: int, purpose: str,
               steps: int | None = None, broadcast: dict[str, torch.Tensor] | None = None) -> TrainResult:
-        training = self.training if steps is None else replace(self.training, steps=steps)
         contents = []
         for row, client_id in enumerate(client_ids.tolist()):
-            content = protocol.train_content(start[row], client_id, round_index, purpose, self.config.seed, training)
+            content = protocol.train_content(start[row], client_id, round_index, purpose, self.config.seed, steps)
             if broadcast:
                 content["broadcast"] = protocol.named_arrays({name: value[row] for name, value in broadcast.items()})
             contents.append(content)
         upload_shapes = self.upload_shapes if purpose == "local_training" else {}
         replies = self._exchange(client_ids, contents, MessageType.TRAIN, round_index)
-        feedback = training.feedback if purpose == "local_training" else "none"
+        feedback = self.training.feedback if purpose == "local_training" else "none"
         feedback_shape = {"none": None, "val_gradient": (self.dim,), "val_loss_pair": (2,)}[feedback]
         rows, deltas, metrics = [], [], []
         for row, client_id in enumerate(client_ids.tolist()):
@@ -191,8 +191,8 @@ class FlowerExecutor(ClientExecutor):
         return TrainResult(index, client_ids[index], stacked, merged)
 
     def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int) -> dict[str, ClientScores]:
-        contents = [protocol.train_content(weights[row], client_id, round_index, "evaluation", self.config.seed,
-                                           self.training) for row, client_id in enumerate(client_ids.tolist())]
+        contents = [protocol.train_content(weights[row], client_id, round_index, "evaluation", self.config.seed)
+                    for row, client_id in enumerate(client_ids.tolist())]
         replies = self._exchange(client_ids, contents, MessageType.EVALUATE, round_index)
         splits = self.federation.evaluation_splits
         scores: dict[str, list[ClientScores]] = {split: [] for split in splits}

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from graphfed.config import ConfigError
+from graphfed.errors import ConfigError
 from graphfed.methods.base import Method, MethodContext, MethodOptions
 from graphfed.methods.cfl import CFL
 from graphfed.methods.ditto import Ditto
@@ -32,7 +32,6 @@ from graphfed.methods.pfedhn import PFedHN
 from graphfed.methods.pfedla import PFedLA
 from graphfed.methods.pfedme import PFedMe
 from graphfed.methods.sfl import SFL
-from graphfed.sim.client import ClientRule, ClientSetting
 
 METHODS: dict[str, type[Method]] = {
     cls.name: cls for cls in (Local, FedAvg, FedAvgFT, PFedHN, Panacea, PanaceaGN, PanaceaMLP, FedAGHN, PFedGAT,
@@ -45,31 +44,21 @@ MIXED_ARCHITECTURE_METHODS = tuple(name for name, cls in METHODS.items() if cls.
 
 
 def method_class(name: str) -> type[Method]:
+    """The registered class of ``name`` (``graphfed.setup.resolve_method`` resolves a config's method)."""
     if name not in METHODS:
         raise ConfigError(f"method.name: unknown method '{name}'; allowed: {', '.join(sorted(METHODS))}")
     return METHODS[name]
 
 
-def parse_options(name: str, options: dict[str, Any]) -> MethodOptions:
-    """Validate ``method.options`` against the method's typed options; one-line error on failure."""
-    cls = method_class(name)
+def parse_options(cls: type[Method], options: dict[str, Any]) -> MethodOptions:
+    """Validate ``method.options`` against ``cls``'s typed options; one-line error on failure."""
     try:
         return cls.Options(**options)
     except ValidationError as err:
         first = err.errors()[0]
         field = ".".join(str(part) for part in first["loc"])
         allowed = ", ".join(sorted(cls.Options.model_fields))
-        raise ConfigError(f"method.options.{field}: {first['msg']} (options of '{name}': {allowed})") from None
+        raise ConfigError(f"method.options.{field}: {first['msg']} (options of '{cls.name}': {allowed})") from None
 
 
-def build_method(name: str, context: MethodContext, options: dict[str, Any]) -> Method:
-    return method_class(name)(context, parse_options(name, options))
-
-
-def build_client_rule(name: str, options: dict[str, Any], setting: ClientSetting) -> ClientRule:
-    """The client rule of method ``name`` under ``options`` (what the simulator and each Flower node run)."""
-    return method_class(name).client_rule(parse_options(name, options), setting)
-
-
-__all__ = ["METHODS", "MIXED_ARCHITECTURE_METHODS",
-            "Method", "MethodContext", "build_client_rule", "build_method", "method_class", "parse_options"]
+__all__ = ["METHODS", "MIXED_ARCHITECTURE_METHODS", "Method", "MethodContext", "method_class", "parse_options"]

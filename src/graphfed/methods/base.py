@@ -22,11 +22,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from graphfed.client.contract import ClientRule, ClientSetting
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import Task
 from graphfed.models.base import TargetModel
 from graphfed.models.family import ArchitectureFamily
-from graphfed.sim.client import ClientRule, ClientSetting
 
 
 class MethodOptions(BaseModel):
@@ -47,8 +47,6 @@ class MethodContext:
     client_graph: torch.Tensor | None  # [N, N] or None when no graph is given
     task: Task
     seed: int
-    local_steps: int
-    local_lr: float
     head: tuple[str, ...] = ()  # the target model's head tensors (``TargetModel.head_names``)
     #: the clients' architectures where they differ (``model.architectures``), else None
     architectures: ArchitectureFamily | None = None
@@ -64,10 +62,6 @@ class Method(ABC):
     name: ClassVar[str]
     summary: ClassVar[str]
     Options: ClassVar[type[MethodOptions]] = MethodOptions
-    #: extra report clients send about the weights they received (see ``LocalTraining.feedback``);
-    #: it arrives in ``update``'s metrics as ``feedback`` (and ``feedback_seed`` per client)
-    client_feedback: str = "none"
-    feedback_mu: float = 1e-3
     #: what travels between server and clients when clients run different architectures (``models.family``):
     #: "shared" (one architecture only: the method refuses ``model.architectures``), "own", "ghn" or "teacher"
     architectures: ClassVar[str] = "shared"
@@ -85,6 +79,13 @@ class Method(ABC):
         torch.manual_seed(context.seed)
         #: human-readable facts the engine should log once (e.g. "inferring the client graph")
         self.notes: list[str] = []
+
+    @classmethod
+    def client_feedback(cls, options: MethodOptions) -> tuple[str, float]:
+        """What clients report about the weights they received besides their update, and its perturbation size
+        (``LocalTraining.feedback`` / ``feedback_mu``); it arrives in ``update``'s metrics as ``feedback`` (and
+        ``feedback_seed`` per client). Default: nothing."""
+        return "none", 1e-3
 
     @classmethod
     def client_rule(cls, options: MethodOptions, setting: ClientSetting) -> ClientRule:
@@ -209,10 +210,3 @@ class EmbeddingHypernetwork(Method):
                            delta / len(client_ids))
         with torch.no_grad():
             self.embeddings.weight[client_ids] = self._novel_embeddings
-
-
-def weighted_mean(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Mean of rows ``values [S, ...]`` weighted by ``weights [S]`` (e.g. sample counts)."""
-    w = weights.to(values.dtype).clamp_min(0)
-    w = w / w.sum().clamp_min(1e-12)
-    return torch.tensordot(w, values, dims=1)

@@ -19,8 +19,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from graphfed.methods.fedavg import FedAvg, FedAvgOptions
-from graphfed.sim.client import (
+from graphfed.client.contract import (
     ClientRule,
     ClientSetting,
     LocalStep,
@@ -29,6 +28,7 @@ from graphfed.sim.client import (
     require_grad,
     squared_distance,
 )
+from graphfed.methods.fedavg import FedAvg, FedAvgOptions
 
 
 class DittoOptions(FedAvgOptions):

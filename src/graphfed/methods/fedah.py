@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from graphfed.client.contract import ClientRule, ClientSetting
 from graphfed.methods.fedala import FedALARule
 from graphfed.methods.fedavg import FedAvg, FedAvgOptions
-from graphfed.sim.client import ClientRule, ClientSetting
 
 
 class FedAHOptions(FedAvgOptions):

@@ -23,8 +23,8 @@ import math
 import torch
 from pydantic import Field
 
+from graphfed.client.contract import ClientRule, ClientSetting, LocalStep, Weights, require_grad
 from graphfed.methods.fedavg import FedAvg, FedAvgOptions
-from graphfed.sim.client import ClientRule, ClientSetting, LocalStep, Weights, require_grad
 
 
 class FedALAOptions(FedAvgOptions):
@@ -34,6 +34,7 @@ class FedALAOptions(FedAvgOptions):
 
 
 class FedALARule(ClientRule):
+    evaluates_own_weights = True
     def __init__(self, setting: ClientSetting, top: tuple[str, ...], rand_percent: float, eta: float) -> None:
         super().__init__(setting)
         self.top = top  # the tensors ALA blends; the others take the global model's

@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from graphfed.client.contract import ClientRule, ClientSetting
 from graphfed.methods.aggregation import PersonalizedAggregation
 from graphfed.methods.base import MethodContext, MethodOptions
-from graphfed.sim.client import ClientRule, ClientSetting
 
 
 class FedAMPOptions(MethodOptions):

@@ -6,12 +6,14 @@ server moves the global model by the sample-weighted mean of the clients' change
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from pydantic import Field
 
 from graphfed.attacks.defenses import Aggregation, robust_aggregate
+from graphfed.client.contract import ClientRule, ClientSetting
 from graphfed.methods.base import Method, MethodContext, MethodOptions
-from graphfed.sim.client import ClientRule, ClientSetting
 
 
 class FedAvgOptions(MethodOptions):
@@ -30,6 +32,8 @@ class FedAvg(Method):
     name = "fedavg"
     summary = "one global model, sample-weighted averaging of client updates"
     Options = FedAvgOptions
+    #: every client is sent the one global model (a subclass that personalises what it sends says False: FedPAC)
+    sends_global_model: ClassVar[bool] = True
 
     def __init__(self, context: MethodContext, options: FedAvgOptions, server_lr: float | None = None) -> None:
         super().__init__(context, options)
@@ -41,7 +45,7 @@ class FedAvg(Method):
         return self.global_weights.unsqueeze(0).expand(len(client_ids), -1).clone()
 
     def eval_weights(self, client_ids: torch.Tensor) -> torch.Tensor:
-        if type(self).personalize is not FedAvg.personalize:  # a subclass personalises what it sends (FedPAC)
+        if not self.sends_global_model:
             return super().eval_weights(client_ids)
         # a read-only view: 1,000 clients of a 1.6M-parameter model would otherwise copy 6.4 GB per evaluation
         return self.global_weights.detach().unsqueeze(0).expand(len(client_ids), -1)

@@ -25,12 +25,13 @@ import math
 import torch
 from pydantic import Field
 
+from graphfed.client.contract import ClientRule, ClientSetting, LocalStep, Weights, require_grad
+from graphfed.core.mixing import weighted_mean
 from graphfed.data.federation import ClientSplit
-from graphfed.methods.base import MethodContext, weighted_mean
+from graphfed.methods.base import MethodContext
 from graphfed.methods.fedavg import FedAvg, FedAvgOptions
 from graphfed.methods.fedpac import head_shape
 from graphfed.models.base import TargetModel
-from graphfed.sim.client import ClientRule, ClientSetting, LocalStep, Weights, require_grad
 
 
 class FedCPOptions(FedAvgOptions):
@@ -55,6 +56,7 @@ def policy(cpn: Weights, inputs: torch.Tensor) -> torch.Tensor:
 
 
 class FedCPRule(ClientRule):
+    has_eval_forward = True
     def __init__(self, setting: ClientSetting, lam: float) -> None:
         super().__init__(setting)
         if not setting.head:

@@ -31,10 +31,13 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from graphfed.methods.base import MethodContext, weighted_mean
+from graphfed.client.contract import ClientRule, ClientSetting, LocalStep, Weights, require_grad
+from graphfed.client.evaluation import scoring_blocks
+from graphfed.core.mixing import weighted_mean
+from graphfed.errors import SolverError
+from graphfed.methods.base import MethodContext
 from graphfed.methods.fedavg import FedAvg, FedAvgOptions
 from graphfed.methods.pfedgraph import project_to_simplex
-from graphfed.sim.client import ClientRule, ClientSetting, LocalStep, Weights, require_grad, scoring_blocks
 
 
 class FedPACOptions(FedAvgOptions):
@@ -143,14 +146,15 @@ def collaboration_weights(profiles: torch.Tensor, variance: torch.Tensor, tolera
         momentum_point = torch.where(restart, candidate, candidate + (t - 1) / t_next * (candidate - alpha))
         alpha, value, gradient, t = candidate, candidate_value, candidate_gradient, t_next
     worst = float((gap / value.abs().clamp_min(1e-300)).max())
-    raise RuntimeError(f"FedPAC: the classifier-collaboration QP did not reach qp_tolerance={tolerance:g} in "
-                       f"qp_max_iterations={max_iterations} iterations (relative duality gap {worst:.2e})")
+    raise SolverError(f"FedPAC: the classifier-collaboration QP did not reach qp_tolerance={tolerance:g} in "
+                      f"qp_max_iterations={max_iterations} iterations (relative duality gap {worst:.2e})")
 
 
 class FedPAC(FedAvg):
     name = "fedpac"
     summary = "shared body aligned to global class centroids + per-client heads combined by a bias-variance QP"
     Options = FedPACOptions
+    sends_global_model = False  # each client gets its own head
 
     def __init__(self, context: MethodContext, options: FedPACOptions) -> None:
         super().__init__(context, options)

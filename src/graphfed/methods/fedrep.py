@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+from graphfed.client.contract import ClientRule, ClientSetting, LocalStep, Weights, require_grad
 from graphfed.methods.fedavg import FedAvg, FedAvgOptions
-from graphfed.sim.client import ClientRule, ClientSetting, LocalStep, Weights, require_grad
 
 
 class FedRepOptions(FedAvgOptions):
@@ -27,6 +27,7 @@ class FedRepOptions(FedAvgOptions):
 
 
 class FedRepRule(ClientRule):
+    evaluates_own_weights = True
     def __init__(self, setting: ClientSetting, head_steps: int) -> None:
         super().__init__(setting)
         if not setting.head:

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import torch
 
+from graphfed.client.contract import ClientRule, ClientSetting, LocalStep, Weights, require_grad
 from graphfed.methods.fedavg import FedAvg, FedAvgOptions
-from graphfed.sim.client import ClientRule, ClientSetting, LocalStep, Weights, require_grad
 
 
 class FedRoDRule(ClientRule):
+    evaluates_own_weights = True
     uses_label_counts = True
 
     def __init__(self, setting: ClientSetting) -> None:

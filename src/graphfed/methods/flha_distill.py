@@ -19,12 +19,13 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from graphfed.client.contract import ClientRule, ClientSetting, LocalStep, Weights, require_grad
+from graphfed.client.training import train_clients
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import ClientSplit
 from graphfed.methods.fedavg import FedAvg, FedAvgOptions
 from graphfed.models.base import TargetModel
 from graphfed.models.family import ArchitectureFamily
-from graphfed.sim.client import ClientRule, ClientSetting, LocalStep, Weights, require_grad, train_clients
 
 
 class FlhaDistillOptions(FedAvgOptions):
@@ -84,6 +85,7 @@ class Distillation(ClientRule):
 class TeacherRule(ClientRule):
     """Trains the shared teacher (plain SGD); evaluates the client's own architecture distilled from it."""
 
+    has_evaluation_network = True
     def __init__(self, setting: ClientSetting, options: FlhaDistillOptions) -> None:
         super().__init__(setting)
         self.options = options
@@ -96,7 +98,6 @@ class TeacherRule(ClientRule):
         training = replace(self.setting.training, steps=self.options.distill_steps, feedback="none")
         setting = ClientSetting(spec, student.head_names, self.setting.task, self.setting.output_dim, training)
         start = spec.flatten_module(student).unsqueeze(0).repeat(len(received), 1)
-        distilled = train_clients(student, spec, start, train, training, self.setting.task, seeds,
-                                  Distillation(setting, model, self.spec, self.options),
-                                  broadcast={"teacher": received}).trained
+        distilled = train_clients(student, spec, start, train, Distillation(setting, model, self.spec, self.options),
+                                  seeds, broadcast={"teacher": received}).trained
         return student, spec, distilled

@@ -24,13 +24,14 @@ from typing import Literal
 import torch
 from pydantic import Field
 
+from graphfed.client.contract import ClientRule, ClientSetting, HeadTraining
+from graphfed.client.training import train_clients
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import ClientSplit
 from graphfed.methods.fedavg import FedAvg, FedAvgOptions
 from graphfed.models.base import TargetModel
 from graphfed.models.family import ArchitectureFamily
 from graphfed.nn.ghn import GeneratedNetwork, GraphHypernetwork, vocabulary
-from graphfed.sim.client import ClientRule, ClientSetting, HeadTraining, train_clients
 
 
 class FlhaGhnOptions(FedAvgOptions):
@@ -82,6 +83,7 @@ class GeneratedWeightsRule(ClientRule):
     architecture with generated weights, the head refined for ``refine_epochs`` if it took part in training
     (clients that never trained evaluate the generated weights as received)."""
 
+    has_evaluation_network = True
     def __init__(self, setting: ClientSetting, refine_epochs: float, refine_lr: float | None) -> None:
         super().__init__(setting)
         self.refine_epochs, self.refine_lr = refine_epochs, refine_lr
@@ -105,7 +107,6 @@ class GeneratedWeightsRule(ClientRule):
                                feedback="none")
             setting = ClientSetting(spec, architecture.head_names, self.setting.task, self.setting.output_dim,
                                     training)
-            weights[group] = train_clients(architecture, spec, weights[group], train.select(group), training,
-                                           self.setting.task, [seeds[i] for i in group.tolist()],
-                                           HeadTraining(setting)).trained
+            weights[group] = train_clients(architecture, spec, weights[group], train.select(group),
+                                           HeadTraining(setting), [seeds[i] for i in group.tolist()]).trained
         return architecture, spec, weights

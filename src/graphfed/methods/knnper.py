@@ -17,10 +17,10 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+from graphfed.client.contract import ClientRule, ClientSetting, Weights
 from graphfed.data.federation import ClientSplit
 from graphfed.methods.fedavg import FedAvg, FedAvgOptions
 from graphfed.models.base import TargetModel
-from graphfed.sim.client import ClientRule, ClientSetting, Weights
 
 
 class KNNPerOptions(FedAvgOptions):
@@ -30,6 +30,7 @@ class KNNPerOptions(FedAvgOptions):
 
 
 class KNNPerRule(ClientRule):
+    has_eval_forward = True
     def __init__(self, setting: ClientSetting, options: KNNPerOptions) -> None:
         super().__init__(setting)
         self.k, self.lam, self.sigma = options.k, options.lam, options.sigma

@@ -20,8 +20,8 @@ from typing import Literal
 import torch
 from pydantic import Field
 
+from graphfed.client.contract import ClientRule, ClientSetting, LocalStep, Weights, require_grad
 from graphfed.methods.fedavg import FedAvg, FedAvgOptions
-from graphfed.sim.client import ClientRule, ClientSetting, LocalStep, Weights, require_grad
 
 
 class PerFedAvgOptions(FedAvgOptions):

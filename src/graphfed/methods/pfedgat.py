@@ -77,6 +77,13 @@ class PFedGAT(PersonalizedAggregation):
     summary = "server-side GAT over client models learns the aggregation weights from validation feedback"
     Options = PFedGATOptions
 
+    @classmethod
+    def client_feedback(cls, options: MethodOptions) -> tuple[str, float]:
+        assert isinstance(options, PFedGATOptions)
+        if options.attention == "uniform":  # the ablation learns nothing, so it asks for nothing
+            return "none", 1e-3
+        return ("val_gradient" if options.feedback == "gradient" else "val_loss_pair"), options.zo_mu
+
     def __init__(self, context: MethodContext, options: PFedGATOptions) -> None:
         super().__init__(context, options)
         self.options: PFedGATOptions = options
@@ -96,8 +103,6 @@ class PFedGAT(PersonalizedAggregation):
             params = [*self.norm.parameters(), *self.gat.parameters()]
         optimizer = torch.optim.SGD if options.optimizer == "sgd" else torch.optim.Adam
         self.optimizer = optimizer(params, lr=options.server_lr)
-        self.client_feedback = "val_gradient" if options.feedback == "gradient" else "val_loss_pair"
-        self.feedback_mu = options.zo_mu
 
     def attention(self, client_ids: torch.Tensor) -> torch.Tensor:
         """``R [S, N]``: rows ``client_ids`` of the mean over heads of the GAT attention; each row sums to 1.

@@ -20,9 +20,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from graphfed.methods.base import MethodContext, MethodOptions
-from graphfed.methods.fedavg import FedAvg
-from graphfed.sim.client import (
+from graphfed.client.contract import (
     ClientRule,
     ClientSetting,
     LocalStep,
@@ -31,6 +29,8 @@ from graphfed.sim.client import (
     require_grad,
     squared_distance,
 )
+from graphfed.methods.base import MethodContext, MethodOptions
+from graphfed.methods.fedavg import FedAvg
 
 
 class PFedMeOptions(MethodOptions):

@@ -21,10 +21,10 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+from graphfed.client.contract import ClientRule, ClientSetting
 from graphfed.data.graphs import knn_graph
 from graphfed.methods.aggregation import PersonalizedAggregation
 from graphfed.methods.base import MethodContext, MethodOptions
-from graphfed.sim.client import ClientRule, ClientSetting
 
 
 class SFLOptions(MethodOptions):

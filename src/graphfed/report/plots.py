@@ -92,12 +92,13 @@ def plot_graphs(run_dir: Path, out_dir: Path | None = None, max_rounds: int = 6)
     ``graphs_over_rounds.png`` (the layer-mean graph at up to ``max_rounds`` rounds spread over the run).
     Row i holds the weights client i gives every client, as in FedAGHN Fig. 4-5 and pFedGAT Fig. 3.
     """
-    from graphfed.sim.checkpoint import load_graph_clients, load_graphs
+    from graphfed.errors import UntrustedInputError
+    from graphfed.runs import load_graph_clients, load_graphs
 
     saved = load_graphs(run_dir)
     if not saved:
-        raise FileNotFoundError(f"{run_dir / 'graphs'}: no collaboration graphs saved (the method has none, "
-                                "or the run evaluated no round)")
+        raise UntrustedInputError(f"{run_dir / 'graphs'}: no collaboration graphs saved (the method has none, "
+                                  "or the run evaluated no round)")
     out_dir = out_dir or run_dir / "plots"
     out_dir.mkdir(parents=True, exist_ok=True)
     last_round, layers, matrices = saved[-1]

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from graphfed.runs import RunResult
 
 
 def _present(values: Sequence[float | None]) -> list[float]:
@@ -58,31 +61,31 @@ def format_value(stats: tuple[float, float] | None, metric: str, n: int | None =
     return f"{mean:.3e} (n=1)" if n == 1 else f"{mean:.3e} ± {std:.1e}"
 
 
-def compare_rows(summaries: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def compare_rows(summaries: dict[str, list[RunResult]]) -> list[dict[str, Any]]:
     """One row per method: mean ± std over seeds of the per-client mean, plus the other columns."""
     rows = []
     for method, runs in summaries.items():
-        metric = runs[0]["metric"]
+        metric = runs[0].metric
         rows.append({
             "method": method, "metric": metric, "seeds": len(runs),
-            "test": _mean_std([r["test_mean"] for r in runs]),
-            "client_std": _mean_std([r["test_std"] for r in runs]),
-            "pooled": _mean_std([r["test_pooled"] for r in runs]),
-            "novel": _mean_std([r["novel_mean"] for r in runs]),
-            "novel_adapted": _mean_std([r["novel_adapted_mean"] for r in runs]),
-            "wall_seconds": statistics.fmean(r["wall_seconds"] for r in runs),
-            "mb_up": statistics.fmean(r["bytes_up"] for r in runs) / 1e6,
+            "test": _mean_std([r.test_mean for r in runs]),
+            "client_std": _mean_std([r.test_std for r in runs]),
+            "pooled": _mean_std([r.test_pooled for r in runs]),
+            "novel": _mean_std([r.novel_mean for r in runs]),
+            "novel_adapted": _mean_std([r.novel_adapted_mean for r in runs]),
+            "wall_seconds": statistics.fmean(r.wall_seconds or 0.0 for r in runs),
+            "mb_up": statistics.fmean(r.bytes_up or 0 for r in runs) / 1e6,
             # regression with a known target scale only; runs written before these fields existed lack them
-            "mae_original_units": _mean_std([r.get("test_mae_original_units") for r in runs]),
+            "mae_original_units": _mean_std([r.test_mae_original_units for r in runs]),
             # runs with clients that joined late (train.late_clients): their score at the last round
-            "late": _mean_std([r.get("late_test_final") for r in runs]),
+            "late": _mean_std([r.late_test_final for r in runs]),
             # standard error over test rows (classification; runs before it was recorded lack it)
-            "row_se": _mean_std([r.get("test_row_se") for r in runs]),
-            "peak_rss_mb": max((r["peak_rss_mb"] for r in runs if r.get("peak_rss_mb") is not None), default=None),
+            "row_se": _mean_std([r.test_row_se for r in runs]),
+            "peak_rss_mb": max((r.peak_rss_mb for r in runs if r.peak_rss_mb is not None), default=None),
             # the per-seed scores the verdicts test (report.json keeps them, and each run's summary with its seed)
-            "per_seed": {"test": _present([r["test_mean"] for r in runs]),
-                         "novel": _present([r["novel_mean"] for r in runs]),
-                         "late": _present([r.get("late_test_final") for r in runs])},
+            "per_seed": {"test": _present([r.test_mean for r in runs]),
+                         "novel": _present([r.novel_mean for r in runs]),
+                         "late": _present([r.late_test_final for r in runs])},
         })
     return rows
 

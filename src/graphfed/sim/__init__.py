@@ -1,1 +1,2 @@
-"""The single-machine engine: vectorised client training, evaluation and the round loop."""
+"""The single-machine engine: the one round loop (``engine.py``) and its checkpoint; client work runs in
+``graphfed.client``."""

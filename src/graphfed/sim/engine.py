@@ -24,34 +24,21 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from graphfed.attacks import Attack, build_attack
-from graphfed.attacks.defenses import SimpleTuning
+from graphfed import runs
+from graphfed.client.evaluation import ClientScores
+from graphfed.client.executor import ClientExecutor, check_update
 from graphfed.config import ConfigError, RunConfig, dump_config, same_run, validate_config
 from graphfed.core import rng
-from graphfed.core.params import ParamSpec
-from graphfed.data import build_federation
 from graphfed.data.federation import Federation
-from graphfed.methods import build_client_rule, build_method, method_class, parse_options
-from graphfed.methods.base import Method, MethodContext
-from graphfed.models import build_model
-from graphfed.models.base import TargetModel
-from graphfed.models.family import ArchitectureFamily, build_family
+from graphfed.errors import CheckpointError, NonFiniteUpdateError, RunStoppedError
 from graphfed.provenance import code_provenance
-from graphfed.sim import checkpoint as io
-from graphfed.sim.client import ClientRule, ClientScores, ClientSetting, LocalTraining
-from graphfed.sim.executor import (
-    ArchitectureRuntime,
-    ClientExecutor,
-    ClientRuntime,
-    ClientStateStore,
-    InvalidUpdateError,
-    NonFiniteUpdateError,
-    check_update,
-)
+from graphfed.runs import RunResult
+from graphfed.setup import Setup, build_setup
+from graphfed.sim import checkpoint
 
 log = logging.getLogger("graphfed")
 
-__all__ = ["InvalidUpdateError", "NonFiniteUpdateError", "Setup", "Simulator", "check_update", "run_config"]
+__all__ = ["Simulator", "run_config"]
 
 BYTES_PER_VALUE = 4  # float32 on the wire
 #: what an evaluation records under attack (when there are attackers / a backdoor), carried into summary.json
@@ -61,133 +48,6 @@ ROBUSTNESS_FIELDS = ("honest_test_mean", "honest_test_std", "malicious_test_mean
 SMALL_FEDERATION = 10
 #: collaboration-graph rows saved per evaluation; larger federations save a fixed sample of this many clients
 GRAPH_ROWS = 512
-
-
-@dataclass
-class ClientSide:
-    """The networks clients train, built from a config the same way by the simulator and by every Flower node.
-
-    One architecture: ``model`` and its ``spec``. Mixed architectures (``model.architectures``): the ``family``,
-    the network each architecture's clients train (``networks``), and ``spec``/``init_weights`` of the wire (what
-    the method's ``client_networks`` says travels); ``model`` is then the first architecture's network.
-
-    ``attack`` says which clients are malicious (``attack:`` in the config); ``federation`` is the data as the clients
-    hold it, malicious clients' training rows already rewritten by a data attack.
-    """
-
-    config: RunConfig
-    federation: Federation
-    model: TargetModel
-    spec: ParamSpec
-    init_weights: torch.Tensor
-    attack: Attack
-    family: ArchitectureFamily | None = None
-    networks: list[TargetModel] = field(default_factory=list)
-
-    @classmethod
-    def build(cls, config: RunConfig, federation: Federation) -> ClientSide:
-        attack = build_attack(config.attack, federation, config.seed)
-        federation = attack.poison(federation)
-        torch.manual_seed(rng.stream_seed(config.seed, 0, "init"))
-        if config.model.architectures is None:
-            model = build_model(config.model.name, federation, config.model.options)
-            spec = ParamSpec.from_module(model)
-            return cls(config, federation, model, spec, spec.flatten_module(model), attack)
-        family = build_family(config.model.name, config.model.options, config.model.architectures,
-                              config.model.architecture_of, federation, config.seed)
-        torch.manual_seed(rng.stream_seed(config.seed, 0, "init"))
-        options = parse_options(config.method.name, config.method.options)
-        spec, init_weights, networks = method_class(config.method.name).client_networks(options, family)
-        return cls(config, federation, networks[0], spec, init_weights, attack, family, networks)
-
-    def rules(self, training: LocalTraining) -> list[ClientRule]:
-        """The method's client rule for each network (one, without mixed architectures)."""
-        method = self.config.method
-        if self.family is None:
-            setting = client_setting(self.model, self.spec, self.federation, training)
-            return [build_client_rule(method.name, method.options, setting)]
-        return [build_client_rule(method.name, method.options,
-                                  client_setting(network, ParamSpec.from_module(network), self.federation, training,
-                                                 self.family.models[arch]))
-                for arch, network in enumerate(self.networks)]
-
-    def executor(self, rules: list[ClientRule], seed: int,
-                 client_ids: torch.Tensor | None = None) -> ClientRuntime | ArchitectureRuntime:
-        """Clients in this process (``client_ids``: the ones kept here, default all), grouped by architecture where
-        they differ."""
-        if self.family is None:
-            store = None if client_ids is None else ClientStateStore(client_ids)
-            return ClientRuntime(self.model, self.spec, self.federation, rules[0], seed, store, self.attack,
-                                 self.simple_tuning())
-        return ArchitectureRuntime(self.family, self.networks, rules, self.federation, seed, self.spec.dim,
-                                   client_ids, self.attack)
-
-    def simple_tuning(self) -> SimpleTuning | None:
-        """The Simple-Tuning defence of ``defense:``, if on (one architecture only: the config checks it)."""
-        defense, train = self.config.defense, self.config.train
-        if not defense.simple_tuning:
-            return None
-        return SimpleTuning(defense.tuning_steps or train.local_steps, defense.tuning_lr or train.lr,
-                            self.init_weights)
-
-    def wire_values(self, client_ids: torch.Tensor, wire: str) -> int:
-        """Values sent to (or from) ``client_ids``: on the ``own`` wire, each client's architecture's size."""
-        if self.family is not None and wire == "own":
-            return sum(self.family.specs[int(arch)].dim for arch in self.family.assignment[client_ids])
-        return len(client_ids) * self.spec.dim
-
-
-@dataclass
-class Setup:
-    """Everything built from a config before the first round."""
-
-    config: RunConfig
-    federation: Federation
-    model: TargetModel  # the network clients train (with mixed architectures: the first architecture's)
-    spec: ParamSpec  # what travels on the wire
-    method: Method
-    client_rule: ClientRule  # (with mixed architectures: the first architecture's)
-    clients: ClientSide
-    rules: list[ClientRule]  # one per network of ``clients``
-
-    @property
-    def family(self) -> ArchitectureFamily | None:
-        return self.clients.family
-
-    def wire_values(self, client_ids: torch.Tensor) -> int:
-        return self.clients.wire_values(client_ids, type(self.method).architectures)
-
-    def client_executor(self, seed: int) -> ClientExecutor:
-        return self.clients.executor(self.rules, seed)
-
-
-def local_training(config: RunConfig, method: Method) -> LocalTraining:
-    """How clients train under ``config`` for ``method`` (steps, batch, lr, and what feedback they report)."""
-    return LocalTraining(config.train.local_steps, config.train.batch_size, config.train.lr,
-                         method.client_feedback, method.feedback_mu)
-
-
-def client_setting(model: TargetModel, spec: ParamSpec, federation: Federation, training: LocalTraining,
-                   architecture: TargetModel | None = None) -> ClientSetting:
-    """What a client rule may know about the model, the task and the training (same in every engine)."""
-    return ClientSetting(spec, model.head_names, federation.task, federation.output_dim, training,
-                         None if architecture is model else architecture)
-
-
-def build_setup(config: RunConfig, federation: Federation | None = None) -> Setup:
-    if config.torch_threads:
-        torch.set_num_threads(config.torch_threads)
-    fed = federation if federation is not None else build_federation(config.dataset, config.seed)
-    clients = ClientSide.build(config, fed)
-    context = MethodContext(
-        spec=clients.spec, init_weights=clients.init_weights, num_clients=fed.num_clients,
-        train_client_ids=fed.train_client_ids, novel_client_ids=fed.novel_client_ids,
-        client_graph=fed.client_graph, task=fed.task, seed=rng.stream_seed(config.seed, 0, "method"),
-        local_steps=config.train.local_steps, local_lr=config.train.lr,
-        head=() if clients.family is not None else clients.model.head_names, architectures=clients.family)
-    method = build_method(config.method.name, context, config.method.options)
-    rules = clients.rules(local_training(config, method))
-    return Setup(config, fed, clients.model, clients.spec, method, rules[0], clients, rules)
 
 
 @dataclass
@@ -389,7 +249,7 @@ class Simulator:
             return
         names = list(self.setup.spec.layers) if graphs.ndim == 3 else ["client graph"]
         fed = self.setup.federation
-        io.save_graphs(self.out_dir, completed_rounds, graphs, names, rows, fed.client_names, fed.novel_mask)
+        runs.save_graphs(self.out_dir, completed_rounds, graphs, names, rows, fed.client_names, fed.novel_mask)
 
     def graph_rows(self) -> torch.Tensor | None:
         """Whose rows of the collaboration graph are saved: every client's up to ``GRAPH_ROWS`` clients; above,
@@ -413,25 +273,25 @@ class Simulator:
                     "torch_rng": torch.Tensor}
         for key, kind in expected.items():
             if not isinstance(state.get(key), kind):
-                raise io.CheckpointError(f"--resume: the checkpoint has no valid '{key}' ({kind.__name__} expected); "
+                raise CheckpointError(f"--resume: the checkpoint has no valid '{key}' ({kind.__name__} expected); "
                                          f"it was not written by this graphfed run")
         if not self._same_config(state["config"]):
-            raise io.CheckpointError("--resume: the checkpoint was written by a different config; "
+            raise CheckpointError("--resume: the checkpoint was written by a different config; "
                                      "use the run's own config.yaml or start a new --out directory")
         completed = state["completed_rounds"]
         if not 0 <= completed <= self.config.train.rounds:
-            raise io.CheckpointError(f"--resume: the checkpoint claims {completed} completed rounds of "
+            raise CheckpointError(f"--resume: the checkpoint claims {completed} completed rounds of "
                                      f"{self.config.train.rounds}")
         unknown = set(state["tracker"]) - set(vars(self.tracker))
         if unknown:
-            raise io.CheckpointError(f"--resume: the checkpoint's tracker has unknown fields {sorted(unknown)}")
+            raise CheckpointError(f"--resume: the checkpoint's tracker has unknown fields {sorted(unknown)}")
         try:
             self.setup.method.load_state_dict(state["method"])
             self.executor.load_state_dict(state.get("clients", {}))
             torch.set_rng_state(state["torch_rng"])
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-            raise io.CheckpointError(f"--resume: the checkpoint's state does not fit this run's method, model or "
+            raise CheckpointError(f"--resume: the checkpoint's state does not fit this run's method, model or "
                                      f"clients ({type(err).__name__}: {reason})") from None
         for key, value in state["tracker"].items():
             setattr(self.tracker, key, value)
@@ -449,21 +309,21 @@ class Simulator:
             return False
 
     # ---- the loop ----------------------------------------------------------------------------------
-    def run(self, resume: bool = False) -> dict[str, Any]:
+    def run(self, resume: bool = False) -> RunResult:
         cfg, fed, method = self.config, self.setup.federation, self.setup.method
-        rounds_log = io.RoundLog(self.out_dir) if self.out_dir else None
+        rounds_log = runs.RoundLog(self.out_dir) if self.out_dir else None
         start_round = 0
         if self.out_dir:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            for stale in io.remove_stale_temporaries(self.out_dir):
+            for stale in runs.remove_stale_temporaries(self.out_dir):
                 log.info("removed %s, left by an interrupted write", stale)
             if resume:
-                start_round = self._restore(io.load_checkpoint(self.out_dir))
+                start_round = self._restore(checkpoint.load_checkpoint(self.out_dir))
                 rounds_log.truncate_after(start_round)
                 log.info("resuming %s from round %d", self.out_dir, start_round)
             else:
                 rounds_log.reset()
-            io.atomic_write_text(self.out_dir / io.CONFIG, dump_config(cfg))
+            runs.atomic_write_text(self.out_dir / runs.CONFIG, dump_config(cfg))
         for note in method.notes:
             log.info(note)
         self._announce_novel_clients()
@@ -507,8 +367,8 @@ class Simulator:
                 if self.out_dir and (completed % cfg.train.checkpoint_every == 0 or completed == cfg.train.rounds):
                     self.tracker.elapsed += time.perf_counter() - segment_start
                     segment_start = time.perf_counter()
-                    io.save_checkpoint(self.out_dir, self._checkpoint_state(completed))
-        except NonFiniteUpdateError as err:
+                    checkpoint.save_checkpoint(self.out_dir, self._checkpoint_state(completed))
+        except RunStoppedError as err:  # non-finite or wrong-shaped updates, a solver short of its tolerance
             status = f"stopped: {err}"
             log.error("%s; last good checkpoint kept in %s", err, self.out_dir or "(no output directory)")
         finally:
@@ -517,14 +377,14 @@ class Simulator:
         novel_adapted = (None, None)
         if status == "completed":
             novel_adapted = self.evaluate_novel_adapted()
-        summary = self._summary(history, status, novel_adapted)
+        result = self._result(history, status, novel_adapted)
         if self.out_dir:
-            io.write_summary(self.out_dir, summary)
+            runs.write_result(self.out_dir, result)
             from graphfed.report.plots import plot_curves
 
             plot_curves(history, self.out_dir / "plots" / "curves.png", fed.metric,
                         title=f"{method.name} on {fed.name}")
-        return summary
+        return result
 
     def _announce_novel_clients(self) -> None:
         """Say which clients are held out of training, and warn when a small federation loses clients to a
@@ -548,12 +408,13 @@ class Simulator:
             return {"source": "none", "edges": 0}
         return {"source": self.config.dataset.graph, "edges": int(torch.count_nonzero(graph)) // 2}
 
-    def _summary(self, history: list[dict[str, Any]], status: str,
-                 novel_adapted: tuple[float | None, float | None]) -> dict[str, Any]:
+    def _result(self, history: list[dict[str, Any]], status: str,
+                novel_adapted: tuple[float | None, float | None]) -> RunResult:
         cfg, fed = self.config, self.setup.federation
         best = self.tracker.best or {}
         last = history[-1] if history else {}
-        return {
+        return RunResult(**{
+            "schema_version": runs.SCHEMA_VERSION,
             "method": cfg.method.name, "dataset": fed.name, "metric": fed.metric, "seed": cfg.seed,
             # every option the method ran with, defaults included (config.yaml keeps only what was set)
             "method_options": self.setup.method.options.model_dump(mode="json"),
@@ -589,7 +450,9 @@ class Simulator:
             "notes": list(self.setup.method.notes),
             # the code that produced these numbers: bench reruns (or marks stale) a run from other code
             "code": code_provenance(),
-        }
+            # what only the engine that ran the clients knows (Flower: dropped clients, refused nodes)
+            **self.executor.result_fields(),
+        })
 
 
 def peak_rss_mb() -> float:
@@ -599,6 +462,6 @@ def peak_rss_mb() -> float:
 
 
 def run_config(config: RunConfig, out_dir: str | Path | None = None, resume: bool = False,
-               progress: bool = True, federation: Federation | None = None) -> dict[str, Any]:
-    """Library entry point: build and run one config, return the summary dict."""
+               progress: bool = True, federation: Federation | None = None) -> RunResult:
+    """Library entry point: build and run one config, return its result (what ``summary.json`` holds)."""
     return Simulator(config, out_dir, federation=federation, progress=progress).run(resume=resume)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from graphfed.errors import DataMissingError
 
-def missing_data(what: str, path: Path | str, folder: str, needs: str = "") -> FileNotFoundError:
+
+def missing_data(what: str, path: Path | str, folder: str, needs: str = "") -> DataMissingError:
     """The error for data that is not where the config points: names the path and the settings that move it."""
-    return FileNotFoundError(f"{what} not found: {path}; set dataset.data_dir (or the GRAPHFED_DATA environment "
+    return DataMissingError(f"{what} not found: {path}; set dataset.data_dir (or the GRAPHFED_DATA environment "
                              f"variable) to the folder that contains '{folder}/'{needs}")
 
 

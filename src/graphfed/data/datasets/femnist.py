@@ -29,6 +29,7 @@ from graphfed.data.datasets import missing_data
 from graphfed.data.federation import ClientSplit, Federation
 from graphfed.data.partition import SplitMode
 from graphfed.data.registry import DatasetInfo, Streams, fixed_client_count
+from graphfed.errors import DataMissingError
 
 __all__ = [
     "FOLDER",
@@ -63,7 +64,7 @@ class FemnistData:
     test_y: list[np.ndarray]
 
 
-def _missing(path: Path) -> FileNotFoundError:
+def _missing(path: Path) -> DataMissingError:
     return missing_data("FEMNIST data", path, FOLDER, " with LEAF train/*.json.gz and test/*.json.gz shards")
 
 

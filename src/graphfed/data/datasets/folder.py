@@ -34,6 +34,7 @@ from graphfed.config import ConfigError, DatasetConfig, printable
 from graphfed.data.federation import ClientSplit, Federation, Task
 from graphfed.data.graphs import choose_novel_clients, edges_to_adjacency
 from graphfed.data.registry import DatasetInfo, Streams
+from graphfed.errors import DataError
 
 Metric = Literal["accuracy", "mse"]
 
@@ -49,7 +50,7 @@ GRAPH_HEADERS = (["src", "dst"], ["src", "dst", "weight"])
 _LISTED = 8  # names an error message lists before "..."; a 3,000-client federation must still give one line
 
 
-class FederationFormatError(ConfigError):
+class FederationFormatError(DataError):
     """A federation folder that cannot be loaded. The one-line message names the file (and line or row)."""
 
 

@@ -25,6 +25,7 @@ from typing import Literal
 import numpy as np
 
 from graphfed.data.datasets import missing_data
+from graphfed.errors import DataMissingError
 
 __all__ = [
     "CASESTUDY_GROUPS",
@@ -61,7 +62,7 @@ class ImageSet:
     num_classes: int
 
 
-def missing_image_file(path: Path, tried: list[Path]) -> FileNotFoundError:
+def missing_image_file(path: Path, tried: list[Path]) -> DataMissingError:
     others = [str(p) for p in tried if p != path]
     also = f" (also tried {', '.join(others)})" if others else ""
     return missing_data("image data file", f"{path}{also}", path.parent.name)

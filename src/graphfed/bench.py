@@ -49,6 +49,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from graphfed import runs
 from graphfed.config import (
     ConfigError,
     RunConfig,
@@ -58,13 +59,15 @@ from graphfed.config import (
     same_run,
     validate_config,
 )
-from graphfed.methods import parse_options
+from graphfed.errors import GraphfedError, UntrustedInputError
 from graphfed.provenance import code_id_of, code_provenance
 from graphfed.report.plots import plot_comparison
 from graphfed.report.tables import compare_rows, format_value, metric_note, row_cells
 from graphfed.report.tables import headers as table_headers
 from graphfed.report.verdicts import TEST_NAME, compare_against, factor_comparison, sample_std, seeds_to_decide, verdict
-from graphfed.sim import checkpoint as io
+from graphfed.runs import RunResult
+from graphfed.setup import resolve_method
+from graphfed.sim import checkpoint
 
 
 class _Strict(BaseModel):
@@ -261,30 +264,30 @@ def _same_config(directory: Path, config: RunConfig) -> bool:
     field with a default existed still matches; the data's location is not compared (``same_run``), so committed
     results stay finished in a clone under another root."""
     try:
-        return same_run(load_config(directory / io.CONFIG), config)
+        return same_run(load_config(directory / runs.CONFIG), config)
     except (ConfigError, OSError):
         return False
 
 
-def _completed_summary(directory: Path) -> dict[str, Any] | None:
+def _completed_summary(directory: Path) -> RunResult | None:
     try:
-        summary = io.read_summary(directory)
-    except (OSError, ValueError):
+        summary = runs.read_result(directory)
+    except (OSError, UntrustedInputError):
         return None
-    return summary if summary.get("status") == "completed" else None
+    return summary if summary.completed else None
 
 
-def _ran_with_options(summary: dict[str, Any], config: RunConfig) -> bool:
+def _ran_with_options(summary: RunResult, config: RunConfig) -> bool:
     """Whether the run ran ``config``'s method options as they resolve now. config.yaml keeps only the options
     that were set; the summary records all, so a run made before a default changed is not reused. An option added
     since the run (not in its summary) is taken to be at its default: a new option's default keeps the behaviour
     the method had before it existed."""
-    resolved = parse_options(config.method.name, config.method.options).model_dump(mode="json")
-    recorded = summary.get("method_options", resolved)  # older summaries did not record them
+    resolved = resolve_method(config).options.model_dump(mode="json")
+    recorded = resolved if summary.method_options is None else summary.method_options  # older ones lack them
     return all(key in resolved and resolved[key] == value for key, value in recorded.items())
 
 
-def _finished_summary(directory: Path, config: RunConfig) -> dict[str, Any] | None:
+def _finished_summary(directory: Path, config: RunConfig) -> RunResult | None:
     """The completed summary of this config in ``directory``, if there is one, whatever code produced it (the
     report marks a run from other code as stale)."""
     summary = _completed_summary(directory) if _same_config(directory, config) else None
@@ -310,34 +313,34 @@ def _data_dir_env(data_dir: Path | None) -> Iterator[None]:
             os.environ["GRAPHFED_DATA"] = previous
 
 
-def _run_in_process(cell: Cell, directory: Path, resume: bool) -> dict[str, Any]:
+def _run_in_process(cell: Cell, directory: Path, resume: bool) -> RunResult:
     from graphfed.sim.engine import run_config
 
     return run_config(cell.config, directory, resume=resume, progress=False)
 
 
-def _run_in_subprocess(cell: Cell, directory: Path, resume: bool) -> dict[str, Any]:
+def _run_in_subprocess(cell: Cell, directory: Path, resume: bool) -> RunResult:
     directory.mkdir(parents=True, exist_ok=True)
     cell_config = directory / "cell.yaml"
-    io.atomic_write_text(cell_config, dump_config(cell.config))
+    runs.atomic_write_text(cell_config, dump_config(cell.config))
     command = [sys.executable, "-m", "graphfed.cli", "run", str(cell_config), "--out", str(directory),
                "--no-progress", *(["--resume"] if resume else [])]
     completed = subprocess.run(command, capture_output=True, text=True, check=False)
     try:
-        return io.read_summary(directory)
-    except (OSError, ValueError):
+        return runs.read_result(directory)
+    except (OSError, UntrustedInputError):
         last_lines = (completed.stderr or completed.stdout).strip().splitlines()[-3:]
-        return {"status": f"failed (exit {completed.returncode}): {' / '.join(last_lines) or 'no output'}"}
+        return RunResult(status=f"failed (exit {completed.returncode}): {' / '.join(last_lines) or 'no output'}")
 
 
 def run_cells(cells: list[Cell], out: Path, in_process: bool = False, data_dir: Path | None = None,
-              echo: Any = print, keep_stale: bool = False) -> dict[tuple[str, str], list[dict[str, Any]]]:
+              echo: Any = print, keep_stale: bool = False) -> dict[tuple[str, str], list[RunResult]]:
     """Run (or reuse) every cell; returns summaries by (dataset key, method). A failed cell does not stop the grid.
 
     A finished cell is reused only when the code that produced it is today's (its summary's code id); a cell from
     other code runs again from scratch, unless ``keep_stale`` (then the report marks it stale)."""
     today = current_code_id()
-    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    results: dict[tuple[str, str], list[RunResult]] = {}
     with _data_dir_env(data_dir):
         for index, cell in enumerate(cells, 1):
             directory = cell.directory(out)
@@ -354,17 +357,16 @@ def run_cells(cells: list[Cell], out: Path, in_process: bool = False, data_dir: 
                     echo(f"{label}: finished by other code (code id {code_id_of(summary)}; today {today}), "
                          "running again")
                 # a run completed under other method defaults or other code starts over rather than resuming
-                resume = same_config and completed is None and (directory / io.CHECKPOINT).is_file()
+                resume = same_config and completed is None and (directory / checkpoint.CHECKPOINT).is_file()
                 echo(f"{label}: {'resuming' if resume else 'running'} ...")
                 begin = time.perf_counter()
                 try:
                     summary = (_run_in_process if in_process else _run_in_subprocess)(cell, directory, resume)
-                except (ConfigError, FileNotFoundError, ValueError, io.CheckpointError) as err:
-                    summary = {"status": f"failed: {err}"}
-                summary["cell_seconds"] = round(time.perf_counter() - begin, 1)
-                echo(f"{label}: {summary['status']}, test {summary.get('metric', '')} "
-                     f"{summary.get('test_mean')}, {summary['cell_seconds']} s")
-            summary.setdefault("status", "failed")
+                except GraphfedError as err:  # the cell's input or run state; a bug is not caught here
+                    summary = RunResult(status=f"failed: {err}")
+                summary.cell_seconds = round(time.perf_counter() - begin, 1)
+                echo(f"{label}: {summary.status}, test {summary.metric or ''} {summary.test_mean}, "
+                     f"{summary.cell_seconds} s")
             results.setdefault((cell.dataset, cell.method), []).append(summary)
     return results
 
@@ -393,13 +395,12 @@ def _paper_cells(entry: SuiteDataset, method: str) -> list[str]:
 
 
 def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
-                     results: dict[tuple[str, str], list[dict[str, Any]]], out: Path,
+                     results: dict[tuple[str, str], list[RunResult]], out: Path,
                      plots: bool = True, reference_code: str | None = None) -> tuple[str, list[dict]]:
     own = [cell for cell in cells if cell.dataset == key]
     methods = list(dict.fromkeys(cell.method for cell in own))
-    completed = {method: [s for s in results.get((key, method), []) if s["status"] == "completed"]
-                 for method in methods}
-    failed = {method: [s["status"] for s in results.get((key, method), []) if s["status"] not in ("completed", NOT_RUN)]
+    completed = {method: [s for s in results.get((key, method), []) if s.completed] for method in methods}
+    failed = {method: [s.status for s in results.get((key, method), []) if s.status not in ("completed", NOT_RUN)]
               for method in methods}
     not_run = [method for method in methods if not completed[method] and not failed[method]]
     rows = compare_rows({method: runs for method, runs in completed.items() if runs})
@@ -456,7 +457,7 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
     if stale_rows:
         lines += ["", f"† Stale: runs from other code than this report's (code id {reference_code}), kept until "
                   "re-run: " + "; ".join(stale_rows) + "."]
-    torch_versions = Counter(str((s.get("code") or {}).get("torch", "unrecorded"))
+    torch_versions = Counter(str((s.code or {}).get("torch", "unrecorded"))
                              for runs in completed.values() for s in runs)
     if len(torch_versions) > 1:  # the same code can compute other numbers under another torch: say so
         lines += ["", "Runs by torch version (summary.json `code.torch`; the same code and config can give other "
@@ -475,7 +476,7 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
                   + (f". {reference.notes}" if reference.notes else "")]
     if rows:
         if plots:
-            histories = {row["method"]: io.RoundLog(Cell(key, row["method"], config).directory(out)).read()
+            histories = {row["method"]: runs.RoundLog(Cell(key, row["method"], config).directory(out)).read()
                          for row in rows}
             plot_comparison(histories, out / "plots" / f"{key}.png", config_metric(rows),
                             title=f"{entry.title or key} (seed {config.seed})")
@@ -503,7 +504,7 @@ def _score_text(value: float, higher: bool, digits: int = 4) -> str:
     return f"{100 * value:.2f}" if higher else f"{value:.{digits}g}"
 
 
-def claim_verdict(claim: Claim, tables: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+def claim_verdict(claim: Claim, tables: dict[str, list[RunResult]]) -> dict[str, Any]:
     """One claim decided by the report's rule (:mod:`graphfed.report.verdicts`) from its table's per-seed scores.
 
     Returns ``{"here": what the cells show, "verdict": ..., "comparisons": [...], "seeds_to_decide": n | None}``;
@@ -558,11 +559,11 @@ def verdict_counts(verdicts: list[dict[str, Any]]) -> dict[str, int]:
     return {kind: count for kind, count in counts.items() if count}
 
 
-def claim_verdicts(suite: Suite, tables: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def claim_verdicts(suite: Suite, tables: dict[str, list[RunResult]]) -> list[dict[str, Any]]:
     return [{"claim": claim.claim, **claim_verdict(claim, tables)} for claim in suite.claims]
 
 
-def verdict_table(suite: Suite, tables: dict[str, list[dict[str, Any]]]) -> list[str]:
+def verdict_table(suite: Suite, tables: dict[str, list[RunResult]]) -> list[str]:
     if not suite.claims:
         return []
     verdicts = claim_verdicts(suite, tables)
@@ -608,9 +609,9 @@ def _flatten(settings: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]
     return items
 
 
-def report_sections(suite: Suite, cells: list[Cell], results: dict[tuple[str, str], list[dict[str, Any]]],
+def report_sections(suite: Suite, cells: list[Cell], results: dict[tuple[str, str], list[RunResult]],
                     out: Path, plots: bool = True, reference_code: str | None = None,
-                    ) -> tuple[list[str], dict[str, list[dict[str, Any]]]]:
+                    ) -> tuple[list[str], dict[str, list[RunResult]]]:
     """Each dataset's section of the report (its table, notes and plot) and its table rows. Runs whose code id is
     not ``reference_code`` (default: the running code's) are marked stale."""
     sections, tables = [], {}
@@ -622,14 +623,14 @@ def report_sections(suite: Suite, cells: list[Cell], results: dict[tuple[str, st
     return sections, tables
 
 
-def write_report(suite: Suite, cells: list[Cell], results: dict[tuple[str, str], list[dict[str, Any]]],
+def write_report(suite: Suite, cells: list[Cell], results: dict[tuple[str, str], list[RunResult]],
                  out: Path, command: str | None, seconds: float) -> Path:
     """``OUT/report.md`` (or the suite's ``report`` name: tables, plots, paper numbers) and ``OUT/report.json``
     (every summary and row)."""
     out.mkdir(parents=True, exist_ok=True)
     env = environment()
     code = code_provenance()
-    total_run_seconds = sum(s.get("cell_seconds", 0.0) for runs in results.values() for s in runs)
+    total_run_seconds = sum(s.cell_seconds or 0.0 for results_of_cell in results.values() for s in results_of_cell)
     sections, tables = report_sections(suite, cells, results, out, reference_code=code["code_id"])
     # Every invocation that added cells to this directory, oldest first (a grid is often run in parts); a
     # report-only rewrite (command None) adds none.
@@ -648,17 +649,18 @@ def write_report(suite: Suite, cells: list[Cell], results: dict[tuple[str, str],
                "each invocation: " + ", ".join(f"{item['seconds_in_new_cells']:.0f} s" for item in invocations) + ".",
                "", code_line(results, code["code_id"]), "", PROTOCOL, ""]
     report = out / suite.report
-    io.atomic_write_text(report, "\n".join(header + sections + deviations_section(suite)))
+    runs.atomic_write_text(report, "\n".join(header + sections + deviations_section(suite)))
     payload = {"suite": suite.model_dump(mode="json"), "invocations": invocations, "environment": env,
                "code": code, "verdicts": claim_verdicts(suite, tables), "tables": tables,
-               "runs": {f"{key}/{method}": runs for (key, method), runs in results.items()}}
-    io.atomic_write_text(out / "report.json", json.dumps(payload, indent=2, default=str) + "\n")
+               "runs": {f"{key}/{method}": [result.to_json() for result in results_of_cell]
+                        for (key, method), results_of_cell in results.items()}}
+    runs.atomic_write_text(out / "report.json", json.dumps(payload, indent=2, default=str) + "\n")
     return report
 
 
-def code_line(results: dict[tuple[str, str], list[dict[str, Any]]], reference_code: str) -> str:
+def code_line(results: dict[tuple[str, str], list[RunResult]], reference_code: str) -> str:
     """One sentence: the code id the report was written by, and how many of its runs come from other code."""
-    finished = [s for runs in results.values() for s in runs if s.get("status") == "completed"]
+    finished = [s for results_of_cell in results.values() for s in results_of_cell if s.completed]
     stale = sorted({code_id_of(s) for s in finished if code_id_of(s) != reference_code})
     count = sum(code_id_of(s) != reference_code for s in finished)
     text = f"Code: this report was written by code id `{reference_code}` (graphfed's computing sources, SHA-256). "
@@ -680,25 +682,25 @@ def run_suite(suite_path: Path, out: Path, datasets: list[str] | None = None, me
     cells = suite_cells(suite, seeds=seeds, overrides=overrides)
     selected = [] if report_only else suite_cells(suite, datasets, methods, seeds, overrides)
     results = run_cells(selected, out, in_process=in_process, data_dir=data_dir, echo=echo, keep_stale=keep_stale)
-    all_done = all(s["status"] == "completed" for runs in results.values() for s in runs)
+    all_done = all(s.completed for results_of_cell in results.values() for s in results_of_cell)
     # The report covers the whole suite: cells a filtered invocation skipped count if an earlier one finished them.
     for cell in cells:
         if cell not in selected:
             finished = _finished_summary(cell.directory(out), cell.config)
-            results.setdefault((cell.dataset, cell.method), []).append(finished or {"status": NOT_RUN})
+            results.setdefault((cell.dataset, cell.method), []).append(finished or RunResult(status=NOT_RUN))
     command = command or shlex.join(["graphfed", "bench", str(suite_path), "--out", str(out)])
     report = write_report(suite, cells, results, out, None if report_only else command, time.perf_counter() - begin)
     return report, all_done
 
 
-def finished_results(suite: Suite, out: Path) -> tuple[list[Cell], dict[tuple[str, str], list[dict[str, Any]]]]:
+def finished_results(suite: Suite, out: Path) -> tuple[list[Cell], dict[tuple[str, str], list[RunResult]]]:
     """Every cell of ``suite`` and, per (dataset, method), the finished summaries in ``out`` (or a "not run"
     marker): what a report is written from."""
     cells = suite_cells(suite)
-    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    results: dict[tuple[str, str], list[RunResult]] = {}
     for cell in cells:
         finished = _finished_summary(cell.directory(out), cell.config)
-        results.setdefault((cell.dataset, cell.method), []).append(finished or {"status": NOT_RUN})
+        results.setdefault((cell.dataset, cell.method), []).append(finished or RunResult(status=NOT_RUN))
     return cells, results
 
 

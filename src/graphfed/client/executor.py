@@ -10,29 +10,15 @@ from typing import Any
 
 import torch
 
-from graphfed.attacks import Attack
-from graphfed.attacks.defenses import SimpleTuning
+from graphfed.client.contract import ClientRule, EvaluationTuning, UpdateForgery, Weights
+from graphfed.client.evaluation import ClientScores, evaluate_clients
+from graphfed.client.training import train_clients, validation_feedback
 from graphfed.core import rng
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import Federation
+from graphfed.errors import InvalidUpdateError, NonFiniteUpdateError
 from graphfed.models.base import TargetModel
 from graphfed.models.family import ArchitectureFamily
-from graphfed.sim.client import (
-    ClientRule,
-    ClientScores,
-    Weights,
-    evaluate_clients,
-    train_clients,
-    validation_feedback,
-)
-
-
-class NonFiniteUpdateError(RuntimeError):
-    """A client update or the server's weights became NaN/Inf; the run stops, checkpoint kept."""
-
-
-class InvalidUpdateError(ValueError):
-    """A client update has the wrong shape."""
 
 
 def check_update(update: torch.Tensor, client_ids: torch.Tensor, dim: int, round_index: int) -> None:
@@ -75,6 +61,10 @@ class ClientExecutor(ABC):
 
     def state_dict(self) -> dict[str, Any]:
         """Client state the server side must checkpoint (none where clients keep it themselves)."""
+        return {}
+
+    def result_fields(self) -> dict[str, Any]:
+        """What only this executor knows about the run, for its result (``summary.json``): none by default."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -143,8 +133,8 @@ class ClientRuntime(ClientExecutor):
     """
 
     def __init__(self, model: TargetModel, spec: ParamSpec, federation: Federation, rule: ClientRule,
-                 seed: int, store: ClientStateStore | None = None, attack: Attack | None = None,
-                 tuning: SimpleTuning | None = None) -> None:
+                 seed: int, store: ClientStateStore | None = None, attack: UpdateForgery | None = None,
+                 tuning: EvaluationTuning | None = None) -> None:
         self.model, self.spec, self.federation = model, spec, federation
         self.rule, self.seed = rule, seed
         self.attack, self.tuning = attack, tuning
@@ -171,8 +161,8 @@ class ClientRuntime(ClientExecutor):
             fresh = ~self.store.has_trained(client_ids)
             state = self._state_for(client_ids, start, fresh)
         trained, metrics, new_state = train_clients(self.model, self.spec, start,
-                                                    self.federation.train.select(client_ids), rule.setting.training,
-                                                    self.federation.task, seeds, rule, state, broadcast)
+                                                    self.federation.train.select(client_ids), rule, seeds, state,
+                                                    broadcast)
         check_update(trained, client_ids, self.spec.dim, round_index)  # before any arithmetic broadcasts it
         if purpose == "local_training":
             self.store.put(client_ids, new_state)
@@ -201,8 +191,8 @@ class ClientRuntime(ClientExecutor):
         """What each client evaluates with: clients that trained apply their rule (own state, fine-tuning);
         clients that never trained (novel clients) evaluate the weights they received, untouched."""
         trained = self.store.has_trained(client_ids)
-        keeps_received = (type(self.rule).eval_weights is ClientRule.eval_weights
-                          and not self.rule.eval_finetune_steps and self.tuning is None)
+        keeps_received = (not self.rule.evaluates_own_weights and not self.rule.eval_finetune_steps
+                          and self.tuning is None)
         if not trained.any() or keeps_received:  # nothing to replace: no copy of [N, dim] weights
             return weights
         ids, rows = client_ids[trained], torch.nonzero(trained).flatten()
@@ -210,8 +200,7 @@ class ClientRuntime(ClientExecutor):
         if self.rule.eval_finetune_steps:
             finetune = self.plain_rule(self.rule.eval_finetune_steps, self.rule.eval_finetune_lr)
             seeds = rng.client_seeds(self.seed, round_index, "evaluation", ids)
-            own = train_clients(self.model, self.spec, own, self.federation.train.select(ids),
-                                finetune.setting.training, self.federation.task, seeds, finetune).trained
+            own = train_clients(self.model, self.spec, own, self.federation.train.select(ids), finetune, seeds).trained
         if self.tuning is not None:
             own = self.tuning.apply(self.model, self.rule.setting, own, self.federation.train.select(ids),
                                     rng.client_seeds(self.seed, round_index, "tuning", ids))
@@ -223,14 +212,14 @@ class ClientRuntime(ClientExecutor):
         weights = self.evaluation_weights(client_ids, weights, round_index)
         model, spec = self.model, self.spec
         # only rules that evaluate another network pay for the per-client seed streams (N of them per evaluation)
-        if type(self.rule).evaluation_network is not ClientRule.evaluation_network:
+        if self.rule.has_evaluation_network:
             network = self.rule.evaluation_network(model, weights, self.federation.train.select(client_ids),
                                                    self.store.has_trained(client_ids),
                                                    rng.client_seeds(self.seed, round_index, "evaluation", client_ids))
             if network is not None:
                 model, spec, weights = network
         forward = None
-        if type(self.rule).eval_forward is not ClientRule.eval_forward:
+        if self.rule.has_eval_forward:
             forward = self._rule_forward(client_ids)
         return {split: evaluate_clients(model, spec, weights,
                                         getattr(self.federation, split).select(client_ids), self.federation.task,
@@ -274,7 +263,7 @@ class ArchitectureRuntime(ClientExecutor):
 
     def __init__(self, family: ArchitectureFamily, networks: list[TargetModel], rules: list[ClientRule],
                  federation: Federation, seed: int, wire_dim: int, client_ids: torch.Tensor | None = None,
-                 attack: Attack | None = None) -> None:
+                 attack: UpdateForgery | None = None) -> None:
         self.family, self.wire_dim = family, wire_dim
         self.splits = federation.evaluation_splits
         kept = torch.arange(federation.num_clients) if client_ids is None else client_ids

@@ -1,0 +1,136 @@
+"""The one evaluation kernel: each client's metric with its own weights on its own rows, S clients at once.
+
+:class:`ClientScores` is also what travels back from a Flower node (:data:`SCORE_FIELDS`, in order)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from graphfed.client.contract import Weights
+from graphfed.client.losses import per_row_loss
+from graphfed.core.params import ParamSpec
+from graphfed.data.federation import ClientSplit, RowBlocks, Task
+from graphfed.models.base import TargetModel
+
+
+def block_plan(data: ClientSplit, dim: int, max_elements: int = 4_000_000) -> tuple[int, int]:
+    """``(block_rows, blocks_per_chunk)`` for walking ``data`` in blocks: blocks about one mean client long (at most
+    256 rows, so a client wastes at most one partly filled block), and as many blocks per chunk as fit in
+    ``max_elements`` values of inputs plus one weight copy per block. The default (16 MB of inputs) bounds a CNN's
+    activations to a few hundred MB: LeNet's first layer holds 4x its input."""
+    mean_rows = -(-data.num_rows // max(data.num_clients, 1))
+    block_rows = int(min(max(mean_rows, 1), 256))
+    per_block = block_rows * math.prod(data.x.shape[1:]) + dim
+    return block_rows, max(1, max_elements // per_block)
+
+
+def scoring_blocks(model: TargetModel, data: ClientSplit, dim: int,
+                   max_elements: int = 4_000_000) -> Iterator[RowBlocks]:
+    """The rows a model is scored (or its features read) on, in blocks whose outputs do not depend on the blocking.
+
+    Rows of a model without batch statistics are independent: fixed-size blocks (:func:`block_plan`). A model with
+    batch statistics (BatchNorm) sees each client's whole split as one block with no padding row, so its statistics
+    cover exactly the client's rows whatever their order (a split is stored class-sorted: blocks of it would each
+    see a few classes)."""
+    if not model.batch_statistics:
+        yield from data.blocks(*block_plan(data, dim, max_elements))
+        return
+    for client in range(data.num_clients):
+        start, count = int(data.starts[client]), int(data.counts[client])
+        if count == 0:
+            continue  # nothing to score; its sums stay zero
+        rows = slice(start, start + count)
+        yield RowBlocks(torch.tensor([client]), data.x[rows].unsqueeze(0), data.y[rows].unsqueeze(0),
+                        torch.ones(1, count, dtype=torch.bool))
+
+
+def sum_by_client(values: torch.Tensor, block: RowBlocks, num_clients: int) -> torch.Tensor:
+    """``[S]``: per client, the sum of ``values [P, B]`` over the real rows of its blocks (where, not multiply:
+    a block's padding rows may hold anything, and NaN * 0 is NaN)."""
+    per_block = torch.where(block.mask, values, 0.0).sum(1)
+    return torch.zeros(num_clients, dtype=per_block.dtype).index_add(0, block.owner, per_block)
+
+
+#: The fields of ClientScores, in order (what travels between machines).
+SCORE_FIELDS = ("metric", "loss", "counts", "metric_sum", "metric_elements", "abs_error_sum")
+
+
+@dataclass
+class ClientScores:
+    """Per-client evaluation of personalised weights on one split.
+
+    ``metric_sum`` / ``metric_elements`` are each client's numerator and denominator (correct predictions
+    and rows, or squared errors and values), so scores computed on different machines can be merged and
+    pooled exactly. Regression also keeps the absolute errors, for the MAE users read in their own units.
+    """
+
+    metric: torch.Tensor  # [N] accuracy or MSE of each client
+    loss: torch.Tensor  # [N]
+    counts: torch.Tensor  # [N] rows per client
+    metric_sum: torch.Tensor  # [N]
+    metric_elements: torch.Tensor  # [N]
+    abs_error_sum: torch.Tensor  # [N] sum of |prediction - target| (regression; zero for classification)
+
+    @property
+    def mae(self) -> torch.Tensor:
+        """[N] mean absolute error of each client (regression)."""
+        return self.abs_error_sum / self.metric_elements.clamp_min(1.0)
+
+    @property
+    def pooled(self) -> float:
+        """The metric over all samples of these clients pooled together."""
+        return float(self.metric_sum.double().sum() / self.metric_elements.double().sum().clamp_min(1.0))
+
+    def select(self, index: torch.Tensor) -> ClientScores:
+        return ClientScores(*(getattr(self, name)[index] for name in SCORE_FIELDS))
+
+    @staticmethod
+    def concat(parts: list[ClientScores]) -> ClientScores:
+        return ClientScores(*(torch.cat([getattr(p, name) for p in parts]) for name in SCORE_FIELDS))
+
+
+@torch.no_grad()
+def evaluate_clients(model: TargetModel, spec: ParamSpec, weights: torch.Tensor, data: ClientSplit,
+                     task: Task, max_elements: int = 4_000_000,
+                     forward: Callable[[Weights, torch.Tensor, torch.Tensor], torch.Tensor | None] | None = None,
+                     ) -> ClientScores:
+    """Each client's metric with its own weights on its own rows.
+
+    Rows go in fixed-size blocks of one client each (:meth:`ClientSplit.blocks`), so the work per chunk does not
+    depend on how unequal the clients are; a model with batch statistics sees each client's whole split at once
+    (:func:`scoring_blocks`). ``forward``, if given, may replace the model's outputs for a chunk
+    of blocks; it receives the blocks' weights, inputs and owners (positions of their clients in ``data``).
+    """
+    num_clients = data.num_clients
+    metric_sum, loss_sum, abs_error_sum = (torch.zeros(num_clients) for _ in range(3))
+    # Every client holding the same weights (a global model): one network on all blocks' rows at once, the
+    # cheapest forward there is. Not for models whose outputs depend on the batch.
+    shared = (forward is None and not model.batch_statistics and len(weights) > 1
+              and (weights.stride(0) == 0 or all(torch.equal(rows, weights[:1].expand_as(rows))
+                                                 for rows in weights.split(256))))
+    for block in scoring_blocks(model, data, spec.dim, max_elements):
+        if shared:
+            rows = block.x.reshape(1, -1, *block.x.shape[2:])
+            outputs = model.batched_forward(spec.unflatten(weights[:1]), rows).view(*block.mask.shape, -1)
+        else:
+            block_weights = spec.unflatten(weights[block.owner])
+            outputs = forward(block_weights, block.x, block.owner) if forward is not None else None
+            if outputs is None:
+                outputs = model.batched_forward(block_weights, block.x)
+        loss_sum += sum_by_client(per_row_loss(outputs, block.y, task), block, num_clients)
+        if task == "classification":
+            correct = (outputs.argmax(-1) == block.y).to(torch.float32)
+            metric_sum += sum_by_client(correct, block, num_clients)
+        else:
+            error = (outputs - block.y.reshape(outputs.shape)).flatten(2)
+            metric_sum += sum_by_client(error.pow(2).sum(-1), block, num_clients)
+            abs_error_sum += sum_by_client(error.abs().sum(-1), block, num_clients)
+    rows = data.counts.to(torch.float32)
+    metric_elements = rows if task == "classification" else rows * math.prod(data.y.shape[1:])
+    return ClientScores(metric=metric_sum / metric_elements.clamp_min(1.0), loss=loss_sum / rows.clamp_min(1.0),
+                        counts=data.counts, metric_sum=metric_sum, metric_elements=metric_elements,
+                        abs_error_sum=abs_error_sum)

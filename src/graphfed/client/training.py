@@ -1,0 +1,133 @@
+"""The one local-training loop of graphfed (:func:`train_clients`) and the validation feedback pFedGAT's
+clients report: both act on S clients at once. The Flower client runs exactly these functions with S = 1."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from graphfed.client.contract import ClientRule, LocalResult, LocalStep, LocalTraining
+from graphfed.client.evaluation import scoring_blocks, sum_by_client
+from graphfed.client.losses import per_row_loss
+from graphfed.core.params import ParamSpec
+from graphfed.core.rng import unit_direction as rng_direction
+from graphfed.data.federation import ClientSplit, Task
+from graphfed.models.base import TargetModel
+
+
+def draw_batch_indices(counts: torch.Tensor, steps: int, batch_size: int,
+                       batch_seeds: Sequence[int]) -> torch.Tensor:
+    """``[S, steps, batch]`` row indices, uniform with replacement below each client's count.
+
+    Client ``i`` draws from its own generator seeded with ``batch_seeds[i]``, so its batches do not
+    depend on which other clients train alongside it (the simulator and a Flower client agree).
+    """
+    if len(batch_seeds) != len(counts):
+        raise ValueError(f"need one batch seed per client: {len(counts)} clients, {len(batch_seeds)} seeds")
+    uniform = torch.stack([torch.rand(steps, batch_size, generator=torch.Generator().manual_seed(int(seed)))
+                           for seed in batch_seeds]) if len(batch_seeds) else torch.zeros(0, steps, batch_size)
+    # Clients without rows get index 0 and are masked out of the forward pass below.
+    return (uniform * counts.clamp_min(1).to(torch.float32).view(-1, 1, 1)).long()
+
+
+def label_histogram(data: ClientSplit, num_classes: int) -> torch.Tensor:
+    """``[S, classes]`` count of each label among each client's training rows."""
+    owner, rows = data.row_owners()
+    counts = torch.zeros(data.num_clients * num_classes)
+    counts.index_add_(0, owner * num_classes + data.y[rows], torch.ones(len(rows)))
+    return counts.view(data.num_clients, num_classes)
+
+
+#: weights trained at once (clients x parameters): above it, clients train a chunk at a time
+TRAINING_VALUES_PER_CHUNK = 4_000_000
+
+
+def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data: ClientSplit, rule: ClientRule,
+                  batch_seeds: Sequence[int], state: dict[str, torch.Tensor] | None = None,
+                  broadcast: dict[str, torch.Tensor] | None = None) -> LocalResult:
+    """The one local-training loop: every client (row of ``start``) trains simultaneously under ``rule`` (whose
+    setting says how: steps, batch size, learning rate, task).
+
+    Mini-batches come from :func:`draw_batch_indices` with one seed per client. Returns the trained weights
+    ``[S, dim]``, per-client metrics (``loss_first``, ``loss_last``, ``num_examples``) and the clients' new
+    state. Clients with no training rows keep their start weights.
+    """
+    if start.shape != (data.num_clients, spec.dim):
+        raise ValueError(f"start weights must be [{data.num_clients}, {spec.dim}], got {tuple(start.shape)}")
+    per_chunk = max(1, TRAINING_VALUES_PER_CHUNK // spec.dim)
+    if data.num_clients > per_chunk:
+        # Clients are independent: large models train a chunk of clients at a time, so the weights, gradients
+        # and updates of a step stay cache-sized (50 clients x 1.6M parameters rewritten per step are
+        # memory-bound); results equal all-at-once training up to float rounding.
+        parts = [train_clients(model, spec, start[rows], data.select(rows), rule,
+                               [batch_seeds[i] for i in rows.tolist()],
+                               None if state is None else {k: v[rows] for k, v in state.items()},
+                               None if broadcast is None else {k: v[rows] for k, v in broadcast.items()})
+                 for rows in torch.arange(data.num_clients).split(per_chunk)]
+        return LocalResult(torch.cat([part.trained for part in parts]),
+                           {key: torch.cat([part.metrics[key] for part in parts]) for key in parts[0].metrics},
+                           {key: torch.cat([part.state[key] for part in parts]) for key in parts[0].state})
+    training, task = rule.setting.training, rule.setting.task
+    steps, per_step = rule.total_steps, rule.batches_per_step
+    batch_index = draw_batch_indices(data.counts, steps * per_step, training.batch_size, batch_seeds)
+    has_rows = data.counts > 0
+    every_client_has_rows = bool(has_rows.all())
+    has_data = None if every_client_has_rows else has_rows.to(torch.float32)
+    label_counts = label_histogram(data, rule.setting.output_dim) if rule.uses_label_counts else None
+    # One leaf per named tensor for the whole loop: slicing a flat row every step would add a backward
+    # node per tensor per step. Flattened once at the end.
+    received = spec.unflatten(start.detach())
+    state = rule.init_state(start.detach()) if state is None else state
+    tracks = rule.start(received, state)
+    first_loss = last_loss = torch.zeros(data.num_clients)
+    local = LocalStep(model, task, 0, [], has_data, training.lr, label_counts, data, broadcast or {})
+    for step in range(steps):
+        batches = [data.gather(batch_index[:, step * per_step + draw]) for draw in range(per_step)]
+        local = LocalStep(model, task, step, batches, has_data, training.lr, label_counts, data, broadcast or {})
+        tracks, losses = rule.step(local, tracks, received)
+        if step == 0:
+            first_loss = losses.detach()
+        if step == steps - 1:
+            last_loss = losses.detach()
+    uploads = rule.uploads(tracks, local)
+    trained, new_state = rule.finish(tracks, received, state)
+    trained_flat = spec.flatten({name: value.detach() for name, value in trained.items()}, batch_dims=1)
+    if not every_client_has_rows:  # a client without rows trained nothing and keeps what it had
+        keep = ~has_rows
+        trained_flat = torch.where(keep.unsqueeze(1), start.detach(), trained_flat)
+        new_state = {key: torch.where(keep.view(-1, *[1] * (value.ndim - 1)), state[key], value)
+                     for key, value in new_state.items()}
+    zero_if_no_data = has_rows.to(torch.float32)
+    metrics = {"loss_first": first_loss * zero_if_no_data, "loss_last": last_loss * zero_if_no_data,
+               "num_examples": data.counts.to(torch.float32), **{k: v.detach() for k, v in uploads.items()}}
+    return LocalResult(trained_flat, metrics, {key: value.detach() for key, value in new_state.items()})
+
+
+def validation_feedback(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data: ClientSplit, task: Task,
+                        training: LocalTraining, seeds: Sequence[int]) -> torch.Tensor:
+    """What a client tells the server about the weights it was sent, measured on its validation split.
+
+    ``val_gradient``: ``[S, dim]``, the gradient of its validation loss at ``start`` (as large as a model).
+    ``val_loss_pair``: ``[S, 2]``, its validation loss at ``start + mu*u`` and ``start - mu*u`` with ``u`` a
+    unit direction drawn from ``seeds[i]`` (two scalars; the server redraws ``u`` from the same seed).
+    """
+    blocks = list(scoring_blocks(model, data, spec.dim))  # a validation split: small enough to keep
+
+    def losses(weights: torch.Tensor) -> torch.Tensor:
+        total = torch.zeros(data.num_clients, dtype=weights.dtype)
+        for block in blocks:
+            outputs = model.batched_forward(spec.unflatten(weights[block.owner]), block.x)
+            total = total + sum_by_client(per_row_loss(outputs, block.y, task), block, data.num_clients)
+        return total / data.counts.clamp_min(1)
+
+    if training.feedback == "val_gradient":
+        leaf = start.detach().clone().requires_grad_(True)
+        (gradient,) = torch.autograd.grad(losses(leaf).sum(), leaf)
+        return gradient
+    if training.feedback == "val_loss_pair":
+        directions = torch.stack([rng_direction(seed, spec.dim) for seed in seeds])
+        with torch.no_grad():
+            step = training.feedback_mu * directions
+            return torch.stack([losses(start + step), losses(start - step)], dim=1)
+    raise ValueError(f"unknown client feedback {training.feedback!r}; allowed: none, val_gradient, val_loss_pair")

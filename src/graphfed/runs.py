@@ -1,0 +1,285 @@
+"""The run directory: what a run writes and what reports read (``config.yaml``, ``rounds.jsonl``,
+``summary.json``, ``graphs/``), every write atomic. The checkpoint is the simulator's (``sim/checkpoint.py``)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from graphfed.errors import CheckpointError, UntrustedInputError
+
+log = logging.getLogger("graphfed")
+
+ROUNDS_LOG = "rounds.jsonl"
+SUMMARY = "summary.json"
+CONFIG = "config.yaml"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temp file in the same directory, fsync, then rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+class RoundLog:
+    """``rounds.jsonl``: one JSON object per evaluated round, appended and flushed as it happens."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.path = out_dir / ROUNDS_LOG
+
+    def truncate_after(self, last_round: int) -> None:
+        """Drop lines written after the checkpoint we resume from, so no round appears twice (and a last line
+        torn by a crash mid-write)."""
+        if not self.path.exists():
+            return
+        kept = [json.dumps(record) for record in self.read() if record["round"] <= last_round]
+        atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))
+
+    def reset(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def append(self, record: dict[str, Any]) -> None:
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(finite_or_none(record), allow_nan=False) + "\n")
+            handle.flush()
+
+    def read(self) -> list[dict[str, Any]]:
+        """The records in order. A last line without its newline is a write a crash interrupted: it is dropped.
+        Anything else unreadable is an error naming the file and line."""
+        if not self.path.exists():
+            return []
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise CheckpointError(f"{self.path}: not UTF-8 text; it was not written by graphfed") from None
+        lines = text.split("\n")
+        torn = lines.pop()  # "" after a final newline; otherwise a partial last record
+        records = []
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise CheckpointError(f"{self.path}: line {number} is not JSON ({err.msg}); fix or delete the "
+                                      f"line, or start a new --out directory") from None
+            if not isinstance(record, dict) or not isinstance(record.get("round"), int):
+                raise CheckpointError(f"{self.path}: line {number} is not a round record")
+            records.append(record)
+        if torn.strip():
+            log.warning("%s: dropped a torn last line (a write interrupted by a crash)", self.path)
+        return records
+
+
+GRAPHS_DIR = "graphs"
+
+
+def save_graphs(out_dir: Path, completed_rounds: int, graphs: torch.Tensor, layer_names: list[str],
+                clients: torch.Tensor | None = None, client_names: list[str] | None = None,
+                novel: torch.Tensor | None = None) -> Path:
+    """``graphs/round_XXXX.npz``: the method's collaboration graph(s) after ``completed_rounds`` rounds.
+
+    ``matrices`` is ``[L, N, N]`` (one per layer; L = 1 for a single client graph), ``layers`` their names.
+    With ``clients`` (large federations), only those clients' rows are saved: ``matrices`` is ``[L, R, N]`` and
+    ``clients [R]`` says whose rows they are. ``client_names [N]`` and the ``novel [N]`` mask label the plots.
+    """
+    matrices = graphs.detach().cpu().numpy()
+    if matrices.ndim == 2:
+        matrices = matrices[None]
+    buffer = io.BytesIO()
+    extra = {} if clients is None else {"clients": clients.numpy()}
+    if client_names is not None:
+        extra["client_names"] = np.array(client_names, dtype=str)
+    if novel is not None:
+        extra["novel"] = novel.numpy()
+    np.savez_compressed(buffer, matrices=matrices, layers=np.array(layer_names), round=completed_rounds, **extra)
+    path = out_dir / GRAPHS_DIR / f"round_{completed_rounds:04d}.npz"
+    atomic_write_bytes(path, buffer.getvalue())
+    return path
+
+
+def load_graphs(run_dir: Path) -> list[tuple[int, list[str], np.ndarray]]:
+    """All saved collaboration graphs of a run, by round: ``(round, layer names, [L, N, N])``. Where only sampled
+    clients' rows were saved, the square ``[L, R, R]`` graph among those clients."""
+    found = []
+    for path in sorted((run_dir / GRAPHS_DIR).glob("round_*.npz")):
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                matrices = data["matrices"]
+                if "clients" in data:
+                    matrices = matrices[:, :, data["clients"]]
+                found.append((int(data["round"]), [str(n) for n in data["layers"]], matrices))
+        except (OSError, ValueError, KeyError) as err:
+            raise UntrustedInputError(f"{path}: not a readable graph file ({err})") from None
+    return found
+
+
+def load_graph_clients(run_dir: Path) -> tuple[list[str], np.ndarray] | None:
+    """The names and novel mask of the clients in a run's last saved graph (as :func:`load_graphs` orders them),
+    or None for graphs saved without them."""
+    paths = sorted((run_dir / GRAPHS_DIR).glob("round_*.npz"))
+    if not paths:
+        return None
+    try:
+        with np.load(paths[-1], allow_pickle=False) as data:
+            if "client_names" not in data or "novel" not in data:
+                return None
+            names, novel = data["client_names"], data["novel"].astype(bool)
+            if "clients" in data:
+                names, novel = names[data["clients"]], novel[data["clients"]]
+            return [str(name) for name in names], novel
+    except (OSError, ValueError, KeyError) as err:
+        raise UntrustedInputError(f"{paths[-1]}: not a readable graph file ({err})") from None
+
+
+def finite_or_none(value: Any) -> Any:
+    """``value`` with every NaN/Inf float replaced by None, recursively (strict JSON has no NaN/Infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_none(item) for item in value]
+    return value
+
+
+def remove_stale_temporaries(out_dir: Path) -> list[Path]:
+    """Delete temp files of atomic writes that a crash interrupted (``.NAME.XXXX.tmp``); return them."""
+    stale = [path for path in out_dir.rglob(".*.tmp") if path.is_file()]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
+#: ``schema_version`` of the summaries this code writes (1: summaries written before the field existed)
+SCHEMA_VERSION = 2
+
+
+class RunResult(BaseModel):
+    """What one run produced: the loop fills it, ``summary.json`` is it serialised, readers use its attributes.
+
+    Scores are those of the best-validation evaluation round (``best_round``); ``*_mean`` are means over the
+    training clients of each client's metric on its own split, ``*_std`` the std over those clients. ``None``
+    where a value does not apply (no novel clients, no attack) or the run stopped before any evaluation. Fields
+    added by a newer graphfed load as extra attributes; summaries of older ones (``schema_version`` 1) load with
+    their missing fields at None.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=False)
+
+    schema_version: int = SCHEMA_VERSION
+    status: str  #: "completed", "stopped: <why>" (the last good checkpoint kept), or a bench cell's "failed: ..."
+    method: str | None = None
+    dataset: str | None = None  #: the federation's own name (a folder's meta.yaml name, not "folder")
+    metric: str | None = None  #: "accuracy" or "mse"
+    seed: int | None = None
+    #: every option the method ran with, defaults included (config.yaml keeps only what was set)
+    method_options: dict[str, Any] | None = None
+    # -- scores at the best-validation round
+    test_mean: float | None = None
+    test_std: float | None = None
+    test_pooled: float | None = None  #: the metric over all training clients' test rows pooled
+    val_mean: float | None = None
+    test_row_se: float | None = None  #: standard error of test_mean from the sampling of test rows alone
+    test_nonfinite_clients: list[str] = []
+    test_mae: float | None = None
+    test_mae_original_units: float | None = None
+    novel_mean: float | None = None
+    novel_std: float | None = None
+    novel_adapted_mean: float | None = None
+    novel_adapted_std: float | None = None
+    #: why there is no novel-client score (the method has no model for a client that never trained), or None
+    novel_none_reason: str | None = None
+    test_by_architecture: dict[str, float | None] | None = None
+    architectures: dict[str, str] | None = None  #: client name -> its architecture (mixed architectures)
+    # -- robustness (under ``attack:``)
+    attack: dict[str, Any] = {}
+    honest_test_mean: float | None = None
+    honest_test_std: float | None = None
+    malicious_test_mean: float | None = None
+    asr_mean: float | None = None
+    asr_honest: float | None = None
+    asr_malicious: float | None = None
+    defense: dict[str, Any] = {}
+    # -- the run
+    best_round: int | None = None
+    final_test_mean: float | None = None
+    rounds: int = 0
+    num_clients: int | None = None
+    clients_per_round: int | None = None
+    num_novel_clients: int | None = None
+    num_params: int | None = None
+    novel_clients: list[str] = []
+    late_clients: list[str] | None = None
+    join_round: int | None = None
+    late_test_mean: float | None = None
+    late_test_final: float | None = None
+    client_graph: dict[str, Any] = {}
+    wall_seconds: float | None = None
+    bytes_up: int | None = None
+    bytes_down: int | None = None
+    peak_rss_mb: float | None = None
+    torch_threads: int | None = None
+    notes: list[str] = []
+    #: the code that produced these numbers (``graphfed.provenance``); None in summaries older than provenance
+    code: dict[str, Any] | None = None
+    # -- what an engine adds (Flower: clients dropped from rounds, nodes refused)
+    dropped_clients: list[dict[str, Any]] | None = None
+    drop_counts: dict[str, int] | None = None
+    refused_nodes: list[dict[str, Any]] | None = None
+    #: set by ``graphfed bench`` when it ran the cell: seconds including the process start
+    cell_seconds: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _versioned(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "schema_version" not in data:
+            return {**data, "schema_version": 1}  # written before summaries carried a version
+        return data
+
+    @property
+    def completed(self) -> bool:
+        return self.status == "completed"
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields this result was given (a run's summary keeps only what applies to it), JSON-ready."""
+        return finite_or_none(self.model_dump(mode="json", exclude_unset=True))
+
+
+def write_result(out_dir: Path, result: RunResult) -> None:
+    """``summary.json``: strict JSON (a non-finite number is written as null), written atomically."""
+    atomic_write_text(out_dir / SUMMARY, json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n")
+
+
+def read_result(out_dir: Path) -> RunResult:
+    """The run's ``summary.json`` (any schema version); UntrustedInputError naming the file when it is not one."""
+    path = out_dir / SUMMARY
+    try:
+        data = json.loads(path.read_text())
+        return RunResult.model_validate(data)
+    except (UnicodeDecodeError, json.JSONDecodeError, ValidationError, RecursionError) as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise UntrustedInputError(f"{path}: not a graphfed run summary ({reason})") from None

@@ -1,0 +1,198 @@
+"""A run's setup, built once from a validated config; the simulator and every Flower node import it.
+
+:func:`resolve_method` is the one place where ``method.name`` becomes a class and ``method.options`` its typed
+options, and where the config's ``train`` section becomes the clients' one :class:`LocalTraining`. Everything
+downstream receives the :class:`MethodSetup` (or the :class:`ClientSide` / :class:`Setup` built from it), never the
+name or the raw options again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from graphfed.attacks import Attack, build_attack
+from graphfed.attacks.defenses import SimpleTuning
+from graphfed.client.contract import ClientRule, ClientSetting, LocalTraining
+from graphfed.client.executor import ArchitectureRuntime, ClientExecutor, ClientRuntime, ClientStateStore
+from graphfed.config import RunConfig
+from graphfed.core import rng
+from graphfed.core.params import ParamSpec
+from graphfed.data import build_federation
+from graphfed.data.federation import Federation
+from graphfed.methods import method_class, parse_options
+from graphfed.methods.base import Method, MethodContext, MethodOptions
+from graphfed.models import build_model
+from graphfed.models.base import TargetModel
+from graphfed.models.family import ArchitectureFamily, build_family
+
+
+@dataclass(frozen=True)
+class MethodSetup:
+    """``config.method`` and ``config.train`` resolved: the method's class, its typed options and how its clients
+    train (steps, batch, lr, and what feedback they report)."""
+
+    cls: type[Method]
+    options: MethodOptions
+    training: LocalTraining
+
+    @property
+    def name(self) -> str:
+        return self.cls.name
+
+    def client_rule(self, setting: ClientSetting) -> ClientRule:
+        """The method's client side for a network described by ``setting``."""
+        return self.cls.client_rule(self.options, setting)
+
+
+def resolve_method(config: RunConfig) -> MethodSetup:
+    """The method of ``config``: ConfigError (one line, naming the field) for an unknown name or a bad option."""
+    cls = method_class(config.method.name)
+    options = parse_options(cls, config.method.options)
+    feedback, feedback_mu = cls.client_feedback(options)
+    training = LocalTraining(config.train.local_steps, config.train.batch_size, config.train.lr, feedback,
+                             feedback_mu)
+    return MethodSetup(cls, options, training)
+
+
+def client_setting(model: TargetModel, spec: ParamSpec, federation: Federation, training: LocalTraining,
+                   architecture: TargetModel | None = None) -> ClientSetting:
+    """What a client rule may know about the model, the task and the training (same in every engine)."""
+    return ClientSetting(spec, model.head_names, federation.task, federation.output_dim, training,
+                         None if architecture is model else architecture)
+
+
+@dataclass
+class ClientSide:
+    """The networks clients train and their method's client rules, built from a config the same way by the
+    simulator and by every Flower node (once per run).
+
+    One architecture: ``model`` and its ``spec``. Mixed architectures (``model.architectures``): the ``family``,
+    the network each architecture's clients train (``networks``), and ``spec``/``init_weights`` of the wire (what
+    the method's ``client_networks`` says travels); ``model`` is then the first architecture's network. ``rules``:
+    the method's client rule for each network (one without mixed architectures).
+
+    ``attack`` says which clients are malicious (``attack:`` in the config); ``federation`` is the data as the clients
+    hold it, malicious clients' training rows already rewritten by a data attack.
+    """
+
+    config: RunConfig
+    method: MethodSetup
+    federation: Federation
+    model: TargetModel
+    spec: ParamSpec
+    init_weights: torch.Tensor
+    attack: Attack
+    rules: list[ClientRule]
+    family: ArchitectureFamily | None = None
+    networks: list[TargetModel] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, config: RunConfig, federation: Federation, method: MethodSetup) -> ClientSide:
+        attack = build_attack(config.attack, federation, config.seed)
+        federation = attack.poison(federation)
+        torch.manual_seed(rng.stream_seed(config.seed, 0, "init"))
+        if config.model.architectures is None:
+            model = build_model(config.model.name, federation, config.model.options)
+            spec = ParamSpec.from_module(model)
+            rule = method.client_rule(client_setting(model, spec, federation, method.training))
+            return cls(config, method, federation, model, spec, spec.flatten_module(model), attack, [rule])
+        family = build_family(config.model.name, config.model.options, config.model.architectures,
+                              config.model.architecture_of, federation, config.seed)
+        torch.manual_seed(rng.stream_seed(config.seed, 0, "init"))
+        spec, init_weights, networks = method.cls.client_networks(method.options, family)
+        rules = [method.client_rule(client_setting(network, ParamSpec.from_module(network), federation,
+                                                   method.training, family.models[arch]))
+                 for arch, network in enumerate(networks)]
+        return cls(config, method, federation, networks[0], spec, init_weights, attack, rules, family, networks)
+
+    @property
+    def rule(self) -> ClientRule:
+        """The client rule (with mixed architectures: the first architecture's)."""
+        return self.rules[0]
+
+    def executor(self, seed: int, client_ids: torch.Tensor | None = None) -> ClientRuntime | ArchitectureRuntime:
+        """Clients in this process (``client_ids``: the ones kept here, default all), grouped by architecture where
+        they differ."""
+        if self.family is None:
+            store = None if client_ids is None else ClientStateStore(client_ids)
+            return ClientRuntime(self.model, self.spec, self.federation, self.rules[0], seed, store, self.attack,
+                                 self.simple_tuning())
+        return ArchitectureRuntime(self.family, self.networks, self.rules, self.federation, seed, self.spec.dim,
+                                   client_ids, self.attack)
+
+    def simple_tuning(self) -> SimpleTuning | None:
+        """The Simple-Tuning defence of ``defense:``, if on (one architecture only: the config checks it)."""
+        defense, train = self.config.defense, self.config.train
+        if not defense.simple_tuning:
+            return None
+        return SimpleTuning(defense.tuning_steps or train.local_steps, defense.tuning_lr or train.lr,
+                            self.init_weights)
+
+    def wire_values(self, client_ids: torch.Tensor) -> int:
+        """Values sent to (or from) ``client_ids``: on the ``own`` wire, each client's architecture's size."""
+        if self.family is not None and self.method.cls.architectures == "own":
+            return sum(self.family.specs[int(arch)].dim for arch in self.family.assignment[client_ids])
+        return len(client_ids) * self.spec.dim
+
+
+@dataclass
+class Setup:
+    """Everything built from a config before the first round: the data, the clients' side and the server's
+    method instance."""
+
+    config: RunConfig
+    clients: ClientSide
+    method: Method
+
+    @property
+    def federation(self) -> Federation:
+        return self.clients.federation
+
+    @property
+    def model(self) -> TargetModel:
+        """The network clients train (with mixed architectures: the first architecture's)."""
+        return self.clients.model
+
+    @property
+    def spec(self) -> ParamSpec:
+        """What travels on the wire."""
+        return self.clients.spec
+
+    @property
+    def client_rule(self) -> ClientRule:
+        return self.clients.rule
+
+    @property
+    def training(self) -> LocalTraining:
+        return self.clients.method.training
+
+    @property
+    def family(self) -> ArchitectureFamily | None:
+        return self.clients.family
+
+    def wire_values(self, client_ids: torch.Tensor) -> int:
+        return self.clients.wire_values(client_ids)
+
+    def client_executor(self, seed: int) -> ClientExecutor:
+        return self.clients.executor(seed)
+
+
+def build_setup(config: RunConfig, federation: Federation | None = None) -> Setup:
+    """The data (``federation``, or built from ``config.dataset``), the clients' side and the method, in the order
+    that fixes every random draw."""
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    method = resolve_method(config)
+    fed = federation if federation is not None else build_federation(config.dataset, config.seed)
+    clients = ClientSide.build(config, fed, method)
+    context = MethodContext(
+        spec=clients.spec, init_weights=clients.init_weights, num_clients=fed.num_clients,
+        train_client_ids=fed.train_client_ids, novel_client_ids=fed.novel_client_ids,
+        client_graph=fed.client_graph, task=fed.task, seed=rng.stream_seed(config.seed, 0, "method"),
+        head=() if clients.family is not None else clients.model.head_names, architectures=clients.family)
+    return Setup(config, clients, method.cls(context, method.options))
+
+
+__all__ = ["ClientSide", "MethodSetup", "Setup", "build_setup", "client_setting", "resolve_method"]
