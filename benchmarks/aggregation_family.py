@@ -21,11 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from graphfed import runs
-from graphfed.bench import Cell, load_suite, run_suite, suite_cells
+from graphfed.bench import run_suite
 from graphfed.config import RunConfig
 from graphfed.data import build_federation
 from graphfed.report.collaboration import group_weights, max_deviation_from_uniform
 from graphfed.report.plots import plot_graphs
+from graphfed.suites import Cell, load_suite, suite_cells
 
 REPO = Path(__file__).resolve().parent.parent
 SUITE = REPO / "benchmarks" / "suites" / "aggregation.yaml"

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from graphfed.bench import load_suite, suite_cells
 from graphfed.sim.engine import Simulator
+from graphfed.suites import load_suite, suite_cells
 
 REPO = Path(__file__).resolve().parent.parent
 SUITE = REPO / "benchmarks" / "suites" / "aggregation.yaml"

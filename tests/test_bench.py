@@ -11,10 +11,12 @@ import yaml
 from typer.testing import CliRunner
 
 from graphfed import bench, runs
-from graphfed.bench import load_suite, run_suite, suite_cells
+from graphfed.bench import run_suite
 from graphfed.cli import app
 from graphfed.config import ConfigError
+from graphfed.report import suite as suite_report
 from graphfed.runs import RunResult
+from graphfed.suites import Cell, load_suite, suite_cells
 
 SMOKE = Path(__file__).parents[1] / "benchmarks" / "suites" / "smoke.yaml"
 PAPER = Path(__file__).parents[1] / "benchmarks" / "suites" / "paper.yaml"
@@ -68,7 +70,7 @@ def test_second_invocation_skips_finished_cells_and_resumes_an_interrupted_one(
     calls: list[tuple[str, bool]] = []
     real = bench._run_in_process
 
-    def spy(cell: bench.Cell, directory: Path, resume: bool) -> dict:
+    def spy(cell: Cell, directory: Path, resume: bool) -> RunResult:
         calls.append((f"{cell.dataset}/{cell.method}/{cell.config.seed}", resume))
         return real(cell, directory, resume)
 
@@ -319,7 +321,7 @@ def test_regression_table_adds_mae_in_data_units_mean_and_std_over_seeds(tmp_pat
     summaries = [RunResult(status="completed", metric="mse", seed=seed, test_mean=0.01 * (seed + 1), test_std=0.001,
                            test_pooled=0.01, wall_seconds=1.0, bytes_up=0, peak_rss_mb=100.0 + seed,
                            test_mae_original_units=mae) for seed, mae in enumerate([4.0, 6.0])]
-    text, rows = bench._dataset_section("fl60", suite.datasets["fl60"], cells, {("fl60", "fedavg"): summaries},
+    text, rows = suite_report._dataset_section("fl60", suite.datasets["fl60"], cells, {("fl60", "fedavg"): summaries},
                                         tmp_path)
     assert "| MAE, data units |" in text
     row = next(line for line in text.splitlines() if line.startswith("| fedavg"))
@@ -331,7 +333,8 @@ def test_regression_table_adds_mae_in_data_units_mean_and_std_over_seeds(tmp_pat
 def test_the_paper_report_tables_are_regenerated_from_the_committed_runs() -> None:
     """Every section of ``benchmarks/results/paper/report.md`` (its tables, notes and the cells not run yet) is exactly
     what the report writer makes of the committed run directories: no hand-edited number."""
-    from graphfed.bench import deviations_section, finished_results, report_sections, verdict_table
+    from graphfed.bench import finished_results
+    from graphfed.report.suite import deviations_section, report_sections, verdict_table
 
     out = PAPER.parents[1] / "results" / "paper"
     suite = load_suite(PAPER)

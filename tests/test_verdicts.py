@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from graphfed.bench import Claim, claim_verdict, load_suite, verdict_table
+from graphfed.report.suite import claim_verdict, verdict_table
 from graphfed.report.verdicts import holm_rejections, seeds_needed, welch_p_value
+from graphfed.suites import Claim, load_suite
 
 
 def _row(method: str, values: list[float], metric: str = "accuracy", column: str = "test") -> dict:
@@ -88,7 +89,7 @@ def test_missing_cells_and_other_reports() -> None:
 
 
 def load_suite_with(claims: list[Claim]):
-    from graphfed.bench import Suite
+    from graphfed.suites import Suite
 
     return Suite(name="s", datasets={"d": {"methods": ["a", "b"]}}, claims=claims)
 

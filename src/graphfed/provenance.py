@@ -1,10 +1,11 @@
 """Which code produced a run: every ``summary.json`` records it, and ``graphfed bench`` compares it.
 
 The *code id* is a SHA-256 over the installed ``graphfed`` sources that compute a run's numbers: every ``.py``
-file of the package except those that only render or dispatch results (``report/``, ``cli.py``, ``bench.py``),
-whose edits cannot move a number. It is the identity benchmarks compare (two runs with the same code id and config
-give the same numbers on the same CPU); the package version, the git commit of the checkout (when the package is
-imported from one) and whether its sources differ from that commit (``dirty``) are recorded beside it for a reader.
+file of the package except those that only render or dispatch results (``report/``, ``cli.py``, ``bench.py``,
+``suites.py``), whose edits cannot move a number. It is the identity benchmarks compare (two runs with the same
+code id and config give the same numbers on the same CPU); the package version, the git commit of the checkout
+(when the package is imported from one) and whether its sources differ from that commit (``dirty``) are recorded
+beside it for a reader.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 #: package paths whose edits cannot change a run's numbers (they read runs and render them)
-RENDERING_ONLY = ("report/", "cli.py", "bench.py")
+RENDERING_ONLY = ("report/", "cli.py", "bench.py", "suites.py")
 #: what a summary written before runs recorded their code says
 UNRECORDED = "unrecorded"
 
