@@ -136,6 +136,10 @@ class TrainConfig(_Strict):
     late_clients: int = Field(default=0, ge=0, description="clients that join late (pFedGAT Sec. 5.3): this many "
                               "training clients, drawn from the seed, are sampled only from round join_round on")
     join_round: int = Field(default=1, ge=1, description="late_clients: the first round (1-based) that samples them")
+    device: str = Field(default="auto", pattern=r"^(auto|cpu|mps|cuda(:[0-9]+)?)$",
+                        description="where data, models and server state live: auto (CUDA, then MPS, else the CPU), "
+                                    "cpu, cuda, cuda:N or mps; a device this machine lacks is an error, never a "
+                                    "silent fallback")
 
     @model_validator(mode="after")
     def _late_clients_join_during_the_run(self) -> TrainConfig:

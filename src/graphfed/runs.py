@@ -243,6 +243,7 @@ class RunResult(BaseModel):
     bytes_down: int | None = None
     peak_rss_mb: float | None = None
     torch_threads: int | None = None
+    device: str | None = None  #: where the run computed (``train.device`` resolved, e.g. "cpu", "cuda:0")
     notes: list[str] = []
     #: the code that produced these numbers (``graphfed.provenance``); None in summaries older than provenance
     code: dict[str, Any] | None = None

@@ -16,6 +16,7 @@ from graphfed.attacks import Attack, build_attack
 from graphfed.attacks.defenses import SimpleTuning
 from graphfed.client.contract import ClientRule, ClientSetting, LocalTraining
 from graphfed.client.executor import ArchitectureRuntime, ClientExecutor, ClientRuntime, ClientStateStore
+from graphfed.client.placement import resolve_device
 from graphfed.config import RunConfig
 from graphfed.core import rng
 from graphfed.core.params import ParamSpec
@@ -85,27 +86,34 @@ class ClientSide:
     init_weights: torch.Tensor
     attack: Attack
     rules: list[ClientRule]
+    device: torch.device
     family: ArchitectureFamily | None = None
     networks: list[TargetModel] = field(default_factory=list)
 
     @classmethod
-    def build(cls, config: RunConfig, federation: Federation, method: MethodSetup) -> ClientSide:
+    def build(cls, config: RunConfig, federation: Federation, method: MethodSetup,
+              device: torch.device | None = None) -> ClientSide:
+        """Networks are initialised on the host from the run's seed (the same weights on every device), then they
+        and the clients' data move to ``device`` (default: ``train.device``)."""
+        device = resolve_device(config.train.device) if device is None else device
         attack = build_attack(config.attack, federation, config.seed)
-        federation = attack.poison(federation)
+        federation = attack.poison(federation).to(device)
         torch.manual_seed(rng.stream_seed(config.seed, 0, "init"))
         if config.model.architectures is None:
-            model = build_model(config.model.name, federation, config.model.options)
+            model = build_model(config.model.name, federation, config.model.options).to(device)
             spec = ParamSpec.from_module(model)
             rule = method.client_rule(client_setting(model, spec, federation, method.training))
-            return cls(config, method, federation, model, spec, spec.flatten_module(model), attack, [rule])
+            return cls(config, method, federation, model, spec, spec.flatten_module(model), attack, [rule], device)
         family = build_family(config.model.name, config.model.options, config.model.architectures,
-                              config.model.architecture_of, federation, config.seed)
+                              config.model.architecture_of, federation, config.seed).to(device)
         torch.manual_seed(rng.stream_seed(config.seed, 0, "init"))
         spec, init_weights, networks = method.cls.client_networks(method.options, family)
+        networks = [network.to(device) for network in networks]
         rules = [method.client_rule(client_setting(network, ParamSpec.from_module(network), federation,
                                                    method.training, family.models[arch]))
                  for arch, network in enumerate(networks)]
-        return cls(config, method, federation, networks[0], spec, init_weights, attack, rules, family, networks)
+        return cls(config, method, federation, networks[0], spec, init_weights.to(device), attack, rules, device,
+                   family, networks)
 
     @property
     def rule(self) -> ClientRule:
@@ -116,7 +124,7 @@ class ClientSide:
         """Clients in this process (``client_ids``: the ones kept here, default all), grouped by architecture where
         they differ."""
         if self.family is None:
-            store = None if client_ids is None else ClientStateStore(client_ids)
+            store = None if client_ids is None else ClientStateStore(client_ids, self.device)
             return ClientRuntime(self.model, self.spec, self.federation, self.rules[0], seed, store, self.attack,
                                  self.simple_tuning())
         return ArchitectureRuntime(self.family, self.networks, self.rules, self.federation, seed, self.spec.dim,
@@ -185,14 +193,18 @@ def build_setup(config: RunConfig, federation: Federation | None = None) -> Setu
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     method = resolve_method(config)
+    device = resolve_device(config.train.device)
     fed = federation if federation is not None else build_federation(config.dataset, config.seed)
-    clients = ClientSide.build(config, fed, method)
+    clients = ClientSide.build(config, fed, method, device)
     context = MethodContext(
         spec=clients.spec, init_weights=clients.init_weights, num_clients=fed.num_clients,
         train_client_ids=fed.train_client_ids, novel_client_ids=fed.novel_client_ids,
-        client_graph=fed.client_graph, task=fed.task, seed=rng.stream_seed(config.seed, 0, "method"),
-        head=() if clients.family is not None else clients.model.head_names, architectures=clients.family)
-    return Setup(config, clients, method.cls(context, method.options))
+        client_graph=clients.federation.client_graph, task=fed.task, seed=rng.stream_seed(config.seed, 0, "method"),
+        head=() if clients.family is not None else clients.model.head_names, architectures=clients.family,
+        device=device)
+    with torch.device(device):  # what the method creates without naming a device lands on the run's device
+        server = method.cls(context, method.options)
+    return Setup(config, clients, server)
 
 
 __all__ = ["ClientSide", "MethodSetup", "Setup", "build_setup", "client_setting", "resolve_method"]

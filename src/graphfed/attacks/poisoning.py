@@ -26,6 +26,7 @@ def forge_updates(kind: str, delta: torch.Tensor, seeds: Sequence[int], poison_l
     if kind == "scaling":
         return scale * delta
     if kind == "gaussian_noise":
-        noise = [torch.randn(delta.shape[1], generator=torch.Generator().manual_seed(int(seed))) for seed in seeds]
+        noise = [torch.randn(delta.shape[1], generator=torch.Generator().manual_seed(int(seed)), device="cpu")
+                 .to(delta.device) for seed in seeds]
         return noise_std * torch.stack(noise) if noise else torch.zeros_like(delta)
     raise ValueError(f"not an update attack: {kind!r}")

@@ -44,15 +44,16 @@ def scoring_blocks(model: TargetModel, data: ClientSplit, dim: int,
         if count == 0:
             continue  # nothing to score; its sums stay zero
         rows = slice(start, start + count)
-        yield RowBlocks(torch.tensor([client]), data.x[rows].unsqueeze(0), data.y[rows].unsqueeze(0),
-                        torch.ones(1, count, dtype=torch.bool))
+        yield RowBlocks(torch.tensor([client], device=data.x.device), data.x[rows].unsqueeze(0),
+                        data.y[rows].unsqueeze(0), torch.ones(1, count, dtype=torch.bool, device=data.x.device))
 
 
 def sum_by_client(values: torch.Tensor, block: RowBlocks, num_clients: int) -> torch.Tensor:
     """``[S]``: per client, the sum of ``values [P, B]`` over the real rows of its blocks (where, not multiply:
     a block's padding rows may hold anything, and NaN * 0 is NaN)."""
     per_block = torch.where(block.mask, values, 0.0).sum(1)
-    return torch.zeros(num_clients, dtype=per_block.dtype).index_add(0, block.owner, per_block)
+    return torch.zeros(num_clients, dtype=per_block.dtype, device=per_block.device).index_add(0, block.owner,
+                                                                                               per_block)
 
 
 #: The fields of ClientScores, in order (what travels between machines).
@@ -88,6 +89,9 @@ class ClientScores:
     def select(self, index: torch.Tensor) -> ClientScores:
         return ClientScores(*(getattr(self, name)[index] for name in SCORE_FIELDS))
 
+    def to(self, device: torch.device) -> ClientScores:
+        return ClientScores(*(getattr(self, name).to(device) for name in SCORE_FIELDS))
+
     @staticmethod
     def concat(parts: list[ClientScores]) -> ClientScores:
         return ClientScores(*(torch.cat([getattr(p, name) for p in parts]) for name in SCORE_FIELDS))
@@ -106,7 +110,7 @@ def evaluate_clients(model: TargetModel, spec: ParamSpec, weights: torch.Tensor,
     of blocks; it receives the blocks' weights, inputs and owners (positions of their clients in ``data``).
     """
     num_clients = data.num_clients
-    metric_sum, loss_sum, abs_error_sum = (torch.zeros(num_clients) for _ in range(3))
+    metric_sum, loss_sum, abs_error_sum = (torch.zeros(num_clients, device=weights.device) for _ in range(3))
     # Every client holding the same weights (a global model): one network on all blocks' rows at once, the
     # cheapest forward there is. Not for models whose outputs depend on the batch.
     shared = (forward is None and not model.batch_statistics and len(weights) > 1

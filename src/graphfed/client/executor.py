@@ -81,12 +81,14 @@ class ClientStateStore:
     the first time a client stores state; clients that never trained have none.
     """
 
-    def __init__(self, client_ids: torch.Tensor) -> None:
-        self.client_ids = client_ids.to(torch.long)
+    def __init__(self, client_ids: torch.Tensor, device: torch.device | None = None) -> None:
+        self.client_ids = client_ids.to(device="cpu", dtype=torch.long)
+        #: where the state tensors live (the clients' data device); the ids and the trained mask stay on the host
+        self.device = torch.device("cpu") if device is None else device
         size = int(self.client_ids.max()) + 1 if len(self.client_ids) else 0
-        self._row_of = torch.full((size,), -1, dtype=torch.long)
-        self._row_of[self.client_ids] = torch.arange(len(self.client_ids))
-        self.trained = torch.zeros(len(self.client_ids), dtype=torch.bool)
+        self._row_of = torch.full((size,), -1, dtype=torch.long, device="cpu")
+        self._row_of[self.client_ids] = torch.arange(len(self.client_ids), device="cpu")
+        self.trained = torch.zeros(len(self.client_ids), dtype=torch.bool, device="cpu")
         self.tensors: dict[str, torch.Tensor] = {}
 
     def rows(self, client_ids: torch.Tensor) -> torch.Tensor:
@@ -106,7 +108,8 @@ class ClientStateStore:
         rows = self.rows(client_ids)
         for name, value in state.items():
             if name not in self.tensors:
-                self.tensors[name] = torch.zeros(len(self.client_ids), *value.shape[1:], dtype=value.dtype)
+                self.tensors[name] = torch.zeros(len(self.client_ids), *value.shape[1:], dtype=value.dtype,
+                                                 device=value.device)
             self.tensors[name][rows] = value
         self.trained[rows] = True
 
@@ -120,8 +123,8 @@ class ClientStateStore:
         if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) and v.ndim >= 1
                                                     and len(v) == len(self.trained) for v in tensors.values()):
             raise ValueError(f"client state tensors must each hold {len(self.trained)} rows")
-        self.trained = trained.clone()
-        self.tensors = {name: value.clone() for name, value in tensors.items()}
+        self.trained = trained.to(device="cpu", copy=True)
+        self.tensors = {name: value.to(device=self.device, copy=True) for name, value in tensors.items()}
 
 
 class ClientRuntime(ClientExecutor):
@@ -139,7 +142,9 @@ class ClientRuntime(ClientExecutor):
         self.rule, self.seed = rule, seed
         self.attack, self.tuning = attack, tuning
         self.training = rule.setting.training
-        self.store = store if store is not None else ClientStateStore(torch.arange(federation.num_clients))
+        self.device = federation.train.x.device
+        self.store = store if store is not None else ClientStateStore(torch.arange(federation.num_clients,
+                                                                                   device="cpu"), self.device)
 
     def runtime_of(self, client_id: int) -> ClientRuntime:
         return self
@@ -171,11 +176,11 @@ class ClientRuntime(ClientExecutor):
             validation = self.federation.val.select(client_ids)
             metrics["feedback"] = validation_feedback(self.model, self.spec, start, validation, self.federation.task,
                                                       self.training, feedback_seeds)
-            metrics["feedback_seed"] = torch.tensor(feedback_seeds, dtype=torch.int64)
+            metrics["feedback_seed"] = torch.tensor(feedback_seeds, dtype=torch.int64, device="cpu")
         delta = start - trained
         if self.attack is not None and purpose == "local_training":
             delta = self.attack.forge(client_ids, delta, round_index)
-        return TrainResult(torch.arange(len(client_ids)), client_ids, delta, metrics)
+        return TrainResult(torch.arange(len(client_ids), device="cpu"), client_ids, delta, metrics)
 
     def _state_for(self, client_ids: torch.Tensor, start: torch.Tensor,
                    fresh: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -221,9 +226,10 @@ class ClientRuntime(ClientExecutor):
         forward = None
         if self.rule.has_eval_forward:
             forward = self._rule_forward(client_ids)
+        # scores go back to the host: the round loop's bookkeeping (means, masks by client) lives there
         return {split: evaluate_clients(model, spec, weights,
                                         getattr(self.federation, split).select(client_ids), self.federation.task,
-                                        forward=forward)
+                                        forward=forward).to(torch.device("cpu"))
                 for split in self.federation.evaluation_splits}
 
     def _rule_forward(self, client_ids: torch.Tensor) -> Callable[[Weights, torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -266,13 +272,14 @@ class ArchitectureRuntime(ClientExecutor):
                  attack: UpdateForgery | None = None) -> None:
         self.family, self.wire_dim = family, wire_dim
         self.splits = federation.evaluation_splits
-        kept = torch.arange(federation.num_clients) if client_ids is None else client_ids
+        self.device = federation.train.x.device
+        kept = torch.arange(federation.num_clients, device="cpu") if client_ids is None else client_ids
         self.runtimes: dict[int, ClientRuntime] = {}
         for arch, (network, rule) in enumerate(zip(networks, rules, strict=True)):
             members = kept[family.assignment[kept] == arch]
             if len(members):
                 self.runtimes[arch] = ClientRuntime(network, rule.spec, federation, rule, seed,
-                                                    ClientStateStore(members), attack)
+                                                    ClientStateStore(members, self.device), attack)
 
     def runtime_of(self, client_id: int) -> ClientRuntime:
         """The runtime of ``client_id``'s architecture (its rule and its state store)."""
@@ -285,7 +292,7 @@ class ArchitectureRuntime(ClientExecutor):
 
     def train(self, client_ids: torch.Tensor, start: torch.Tensor, round_index: int, purpose: str,
               steps: int | None = None, broadcast: dict[str, torch.Tensor] | None = None) -> TrainResult:
-        delta = torch.zeros(len(client_ids), self.wire_dim)
+        delta = torch.zeros(len(client_ids), self.wire_dim, device=start.device)
         metrics: dict[str, torch.Tensor] = {}
         for arch, positions in self.family.groups(client_ids):
             runtime = self._group(arch)
@@ -295,9 +302,10 @@ class ArchitectureRuntime(ClientExecutor):
             delta[positions, :dim] = part.delta
             for name, value in part.metrics.items():
                 if name not in metrics:
-                    metrics[name] = torch.zeros(len(client_ids), *value.shape[1:], dtype=value.dtype)
+                    metrics[name] = torch.zeros(len(client_ids), *value.shape[1:], dtype=value.dtype,
+                                                device=value.device)
                 metrics[name][positions] = value
-        return TrainResult(torch.arange(len(client_ids)), client_ids, delta, metrics)
+        return TrainResult(torch.arange(len(client_ids), device="cpu"), client_ids, delta, metrics)
 
     def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int) -> dict[str, ClientScores]:
         parts: dict[str, list[ClientScores]] = {split: [] for split in self.splits}

@@ -25,17 +25,20 @@ def draw_batch_indices(counts: torch.Tensor, steps: int, batch_size: int,
     """
     if len(batch_seeds) != len(counts):
         raise ValueError(f"need one batch seed per client: {len(counts)} clients, {len(batch_seeds)} seeds")
-    uniform = torch.stack([torch.rand(steps, batch_size, generator=torch.Generator().manual_seed(int(seed)))
-                           for seed in batch_seeds]) if len(batch_seeds) else torch.zeros(0, steps, batch_size)
+    # drawn on the host from per-client CPU generators: the same batches on every device
+    uniform = torch.stack([torch.rand(steps, batch_size, generator=torch.Generator().manual_seed(int(seed)),
+                                      device="cpu")
+                           for seed in batch_seeds]) if len(batch_seeds) else torch.zeros(0, steps, batch_size,
+                                                                                          device="cpu")
     # Clients without rows get index 0 and are masked out of the forward pass below.
-    return (uniform * counts.clamp_min(1).to(torch.float32).view(-1, 1, 1)).long()
+    return (uniform * counts.cpu().clamp_min(1).to(torch.float32).view(-1, 1, 1)).long().to(counts.device)
 
 
 def label_histogram(data: ClientSplit, num_classes: int) -> torch.Tensor:
     """``[S, classes]`` count of each label among each client's training rows."""
     owner, rows = data.row_owners()
-    counts = torch.zeros(data.num_clients * num_classes)
-    counts.index_add_(0, owner * num_classes + data.y[rows], torch.ones(len(rows)))
+    counts = torch.zeros(data.num_clients * num_classes, device=data.y.device)
+    counts.index_add_(0, owner * num_classes + data.y[rows], torch.ones(len(rows), device=data.y.device))
     return counts.view(data.num_clients, num_classes)
 
 
@@ -64,7 +67,7 @@ def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data
                                [batch_seeds[i] for i in rows.tolist()],
                                None if state is None else {k: v[rows] for k, v in state.items()},
                                None if broadcast is None else {k: v[rows] for k, v in broadcast.items()})
-                 for rows in torch.arange(data.num_clients).split(per_chunk)]
+                 for rows in torch.arange(data.num_clients, device="cpu").split(per_chunk)]
         return LocalResult(torch.cat([part.trained for part in parts]),
                            {key: torch.cat([part.metrics[key] for part in parts]) for key in parts[0].metrics},
                            {key: torch.cat([part.state[key] for part in parts]) for key in parts[0].state})
@@ -80,7 +83,7 @@ def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data
     received = spec.unflatten(start.detach())
     state = rule.init_state(start.detach()) if state is None else state
     tracks = rule.start(received, state)
-    first_loss = last_loss = torch.zeros(data.num_clients)
+    first_loss = last_loss = torch.zeros(data.num_clients, device=start.device)
     local = LocalStep(model, task, 0, [], has_data, training.lr, label_counts, data, broadcast or {})
     for step in range(steps):
         batches = [data.gather(batch_index[:, step * per_step + draw]) for draw in range(per_step)]
@@ -115,7 +118,7 @@ def validation_feedback(model: TargetModel, spec: ParamSpec, start: torch.Tensor
     blocks = list(scoring_blocks(model, data, spec.dim))  # a validation split: small enough to keep
 
     def losses(weights: torch.Tensor) -> torch.Tensor:
-        total = torch.zeros(data.num_clients, dtype=weights.dtype)
+        total = torch.zeros(data.num_clients, dtype=weights.dtype, device=weights.device)
         for block in blocks:
             outputs = model.batched_forward(spec.unflatten(weights[block.owner]), block.x)
             total = total + sum_by_client(per_row_loss(outputs, block.y, task), block, data.num_clients)
@@ -126,7 +129,7 @@ def validation_feedback(model: TargetModel, spec: ParamSpec, start: torch.Tensor
         (gradient,) = torch.autograd.grad(losses(leaf).sum(), leaf)
         return gradient
     if training.feedback == "val_loss_pair":
-        directions = torch.stack([rng_direction(seed, spec.dim) for seed in seeds])
+        directions = torch.stack([rng_direction(seed, spec.dim) for seed in seeds]).to(start.device)
         with torch.no_grad():
             step = training.feedback_mu * directions
             return torch.stack([losses(start + step), losses(start - step)], dim=1)

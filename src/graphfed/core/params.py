@@ -84,11 +84,12 @@ class ParamSpec:
 
     def index_of(self, names: tuple[str, ...] | list[str]) -> torch.Tensor:
         """Flat coordinates of the tensors ``names`` (e.g. a model's head), in spec order."""
-        return torch.cat([torch.arange(t.offset, t.offset + t.numel) for t in self.tensors if t.name in names])
+        return torch.cat([torch.arange(t.offset, t.offset + t.numel, device="cpu") for t in self.tensors
+                          if t.name in names])
 
     def layer_index(self) -> torch.Tensor:
         """``[dim]`` long tensor: which layer (0..L-1) each flat coordinate belongs to."""
-        index = torch.empty(self.dim, dtype=torch.long)
+        index = torch.empty(self.dim, dtype=torch.long, device="cpu")
         for layer_id, specs in enumerate(self.layers.values()):
             for t in specs:
                 index[t.slice] = layer_id

@@ -27,7 +27,7 @@ def client_seeds(seed: int, round_index: int, purpose: str, client_ids: torch.Te
 
 def unit_direction(seed: int, dim: int) -> torch.Tensor:
     """A random unit vector in ``R^dim`` from ``seed``: client and server draw the same one from the seed."""
-    direction = torch.randn(dim, generator=torch.Generator().manual_seed(int(seed)))
+    direction = torch.randn(dim, generator=torch.Generator().manual_seed(int(seed)), device="cpu")
     return direction / direction.norm().clamp_min(1e-12)
 
 

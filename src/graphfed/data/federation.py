@@ -9,7 +9,7 @@ however imbalanced the clients are.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -87,6 +87,12 @@ class ClientSplit:
     def num_clients(self) -> int:
         return int(self.counts.shape[0])
 
+    def to(self, device: torch.device) -> ClientSplit:
+        """This split with its rows and row bookkeeping on ``device`` (itself when already there)."""
+        if self.x.device == device:
+            return self
+        return ClientSplit(self.x.to(device), self.y.to(device), self.starts.to(device), self.counts.to(device))
+
     @property
     def num_rows(self) -> int:
         """Real rows of the selected clients."""
@@ -103,9 +109,10 @@ class ClientSplit:
 
     def row_owners(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(owner [R'], row [R'])``: every real row of the selected clients, with its client's position."""
-        owner = torch.repeat_interleave(torch.arange(self.num_clients), self.counts)
+        device = self.counts.device
+        owner = torch.repeat_interleave(torch.arange(self.num_clients, device=device), self.counts)
         first = torch.repeat_interleave(self.starts - torch.cumsum(self.counts, 0) + self.counts, self.counts)
-        return owner, first + torch.arange(len(owner))
+        return owner, first + torch.arange(len(owner), device=device)
 
     def gather(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows ``index [S, ...]`` (client-local, each below its client's count) of every client, as
@@ -114,8 +121,8 @@ class ClientSplit:
         has_rows = (self.counts > 0).view(-1, *[1] * (index.ndim - 1))
         rows = (self.starts.view(-1, *[1] * (index.ndim - 1)) + index).clamp(0, max(len(self.x) - 1, 0))
         if len(self.x) == 0:  # nothing to read anywhere
-            return (torch.zeros(*shape, *self.x.shape[1:], dtype=self.x.dtype),
-                    torch.zeros(*shape, *self.y.shape[1:], dtype=self.y.dtype))
+            return (torch.zeros(*shape, *self.x.shape[1:], dtype=self.x.dtype, device=self.x.device),
+                    torch.zeros(*shape, *self.y.shape[1:], dtype=self.y.dtype, device=self.y.device))
         flat = rows.flatten()
         x, y = self.x[flat].view(*shape, *self.x.shape[1:]), self.y[flat].view(*shape, *self.y.shape[1:])
         if bool(has_rows.all()):
@@ -127,7 +134,7 @@ class ClientSplit:
         """The selected clients' rows copied onto a client axis, padded to the largest (zeros). Costs clients x
         largest client: for whole-split computations over few clients (a KNN datastore, tests), not for training."""
         width = max(int(self.counts.max()), 1) if self.num_clients else 1
-        local = torch.arange(width).expand(self.num_clients, width)
+        local = torch.arange(width, device=self.counts.device).expand(self.num_clients, width)
         mask = local < self.counts.unsqueeze(1)
         x, y = self.gather(torch.where(mask, local, 0))
         x = torch.where(mask.view(*mask.shape, *[1] * (x.ndim - 2)), x, 0.0)
@@ -137,11 +144,12 @@ class ClientSplit:
     def blocks(self, block_rows: int, blocks_per_chunk: int) -> Iterator[RowBlocks]:
         """The selected clients' rows in blocks of ``block_rows`` rows (a client's last block padded), yielded
         ``blocks_per_chunk`` blocks at a time: a fixed amount of work per chunk, however unequal the clients."""
+        device = self.counts.device
         per_client = (self.counts + block_rows - 1) // block_rows
-        owner = torch.repeat_interleave(torch.arange(self.num_clients), per_client)
+        owner = torch.repeat_interleave(torch.arange(self.num_clients, device=device), per_client)
         first = torch.repeat_interleave(torch.cumsum(per_client, 0) - per_client, per_client)
-        offset = (torch.arange(len(owner)) - first) * block_rows  # first client-local row of each block
-        local = torch.arange(block_rows)
+        offset = (torch.arange(len(owner), device=device) - first) * block_rows  # first client-local row of each block
+        local = torch.arange(block_rows, device=device)
         for lo in range(0, len(owner), blocks_per_chunk):
             chunk_owner = owner[lo:lo + blocks_per_chunk]
             index = offset[lo:lo + blocks_per_chunk].unsqueeze(1) + local
@@ -269,3 +277,12 @@ class Federation:
     @property
     def novel_client_ids(self) -> torch.Tensor:
         return torch.nonzero(self.novel_mask).flatten()
+
+    def to(self, device: torch.device) -> Federation:
+        """The clients' rows (every split) and the client graph on ``device``; ids, names and masks stay on the
+        host, where the round loop keeps its bookkeeping."""
+        if self.train.x.device == device and (self.client_graph is None or self.client_graph.device == device):
+            return self
+        return replace(self, train=self.train.to(device), val=self.val.to(device), test=self.test.to(device),
+                       client_graph=None if self.client_graph is None else self.client_graph.to(device),
+                       backdoor_test=None if self.backdoor_test is None else self.backdoor_test.to(device))

@@ -58,6 +58,7 @@ def _runtime(message: Message, context: Context) -> tuple[ClientRuntime | Archit
     weights = protocol.record_weights(message.content["arrays"])
     if weights.shape != (side.spec.dim,):
         raise UntrustedInputError(f"received {tuple(weights.shape)} weights, the model has {side.spec.dim}")
+    weights = weights.to(side.device)  # the node's own device (its train.device; auto: its GPU if it has one)
     runtime = side.executor(int(config["seed"]), torch.tensor([client_id]))
     if protocol.CLIENT_STATE_KEY in context.state:
         store = runtime.runtime_of(client_id).store
@@ -92,7 +93,7 @@ def train(message: Message, context: Context) -> Message:
     broadcast = None
     if "broadcast" in message.content:
         arrays = message.content["broadcast"].to_torch_state_dict()
-        broadcast = {name: value.unsqueeze(0) for name, value in arrays.items()}
+        broadcast = {name: value.unsqueeze(0).to(runtime.device) for name, value in arrays.items()}
     steps = int(config["steps"]) if "steps" in config else None  # asked for besides the run's (novel clients)
     result = runtime.train(ids, weights.unsqueeze(0), int(config["round"]), purpose, steps, broadcast)
     _keep_state(runtime, client_id, context)

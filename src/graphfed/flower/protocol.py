@@ -24,7 +24,7 @@ PARTITION_KEY = "partition-id"
 
 
 def weights_record(weights: torch.Tensor) -> ArrayRecord:
-    return ArrayRecord([weights.detach().to(torch.float32).numpy()])
+    return ArrayRecord([weights.detach().to(device="cpu", dtype=torch.float32).numpy()])
 
 
 def record_weights(record: ArrayRecord) -> torch.Tensor:
@@ -149,7 +149,7 @@ def train_reply(delta: torch.Tensor, metrics: dict[str, torch.Tensor], client_id
 
 def named_arrays(arrays: dict[str, torch.Tensor]) -> ArrayRecord:
     """One client's named arrays (a method's broadcast, a client rule's uploads) as an ArrayRecord."""
-    return ArrayRecord(torch_state_dict={name: value.detach().to(torch.float32).contiguous()
+    return ArrayRecord(torch_state_dict={name: value.detach().to(device="cpu", dtype=torch.float32).contiguous()
                                          for name, value in arrays.items()})
 
 
@@ -240,7 +240,7 @@ CLIENT_STATE_KEY = "graphfed-client-state"  # a node's client-rule state, in its
 def state_record(state: dict[str, Any]) -> ArrayRecord:
     """A :class:`~graphfed.client.executor.ClientStateStore` state as one ArrayRecord (``trained`` + tensors)."""
     arrays = {"trained": state["trained"].to(torch.int8)}
-    arrays.update({f"state.{name}": value for name, value in state["tensors"].items()})
+    arrays.update({f"state.{name}": value.cpu() for name, value in state["tensors"].items()})
     return ArrayRecord(torch_state_dict=arrays)
 
 

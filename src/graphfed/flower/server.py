@@ -40,6 +40,7 @@ class FlowerExecutor(ClientExecutor):
         self.grid = grid
         self.config = config
         self.dim = setup.spec.dim
+        self.device = setup.clients.device  # replies arrive on the host; the server's method lives here
         self.num_clients = setup.federation.num_clients
         self.training: LocalTraining = setup.training  # what every node's clients run (each resolves it too)
         #: what each node must upload besides its delta (its client rule's extra arrays), checked on arrival
@@ -184,10 +185,11 @@ class FlowerExecutor(ClientExecutor):
             rows.append(row)
             deltas.append(delta)
             metrics.append(reply_metrics)
-        index = torch.tensor(rows, dtype=torch.long)
+        index = torch.tensor(rows, dtype=torch.long, device="cpu")
         keys = metrics[0].keys() if metrics else ("num_examples", "loss_first", "loss_last")
-        merged = {key: torch.cat([m[key] for m in metrics]) if metrics else torch.zeros(0) for key in keys}
-        stacked = torch.stack(deltas) if deltas else torch.zeros(0, self.dim)
+        merged = {key: torch.cat([m[key] for m in metrics]).to(self.device) if metrics
+                  else torch.zeros(0, device=self.device) for key in keys}
+        stacked = (torch.stack(deltas) if deltas else torch.zeros(0, self.dim, device="cpu")).to(self.device)
         return TrainResult(index, client_ids[index], stacked, merged)
 
     def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int) -> dict[str, ClientScores]:

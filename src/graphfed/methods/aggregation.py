@@ -81,5 +81,5 @@ class PersonalizedAggregation(Method):
     @torch.no_grad()
     def collaboration_graph(self, client_ids: torch.Tensor | None = None) -> torch.Tensor:
         """``[L, rows, N]``: row i holds the weights client i's personalised model gives every client."""
-        rows = torch.arange(self.context.num_clients) if client_ids is None else client_ids
+        rows = torch.arange(self.context.num_clients, device="cpu") if client_ids is None else client_ids
         return torch.cat([self.trained_mixing(chunk).detach() for chunk in rows.split(MIXING_ROWS_PER_CALL)], dim=1)

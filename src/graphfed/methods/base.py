@@ -15,7 +15,7 @@ attributes that :meth:`state_dict` can save (modules, optimizers, tensors, gener
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -48,6 +48,9 @@ class MethodContext:
     task: Task
     seed: int
     head: tuple[str, ...] = ()  # the target model's head tensors (``TargetModel.head_names``)
+    #: where the method keeps its state (``train.device``); it is built under ``torch.device(device)``, so tensors and
+    #: modules it creates without naming a device land there
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     #: the clients' architectures where they differ (``model.architectures``), else None
     architectures: ArchitectureFamily | None = None
 
@@ -160,7 +163,7 @@ class Method(ABC):
             if isinstance(current, nn.Module | torch.optim.Optimizer):
                 current.load_state_dict(saved)
             elif isinstance(current, torch.Generator):
-                current.set_state(saved)
+                current.set_state(saved.cpu() if isinstance(saved, torch.Tensor) else saved)
             elif isinstance(current, torch.Tensor):
                 if not isinstance(saved, torch.Tensor) or saved.shape != current.shape:
                     shape = tuple(saved.shape) if isinstance(saved, torch.Tensor) else type(saved).__name__

@@ -86,7 +86,7 @@ class CFL(PersonalizedAggregation):
         max_norm = updates.norm(dim=1).max()
         if not (mean_norm < opts.eps1 and max_norm > opts.eps2):
             return
-        labels = torch.as_tensor(bipartition(updates))
+        labels = torch.as_tensor(bipartition(updates), device=updates.device)
         sizes = torch.stack([(labels == 0).sum(), (labels == 1).sum()])
         if sizes.min() < opts.min_cluster_size:
             return

@@ -46,7 +46,8 @@ class FedALARule(ClientRule):
         return self.ala_steps + self.setting.training.steps
 
     def init_state(self, received: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"local": received.clone(), "ala": torch.ones(len(received), self.setting.numel(self.top))}
+        return {"local": received.clone(),
+                "ala": torch.ones(len(received), self.setting.numel(self.top), device=received.device)}
 
     def start(self, received: Weights, state: dict[str, torch.Tensor]) -> dict[str, Weights]:
         local = self.spec.unflatten(state["local"])

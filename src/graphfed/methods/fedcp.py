@@ -70,7 +70,8 @@ class FedCPRule(ClientRule):
 
     def init_state(self, received: torch.Tensor) -> dict[str, torch.Tensor]:
         head = self.setting.pack(self.spec.unflatten(received), self.setting.head)
-        return {"head": head.clone(), "policy": torch.zeros(len(received), policy_size(self.num_features))}
+        return {"head": head.clone(),
+                "policy": torch.zeros(len(received), policy_size(self.num_features), device=received.device)}
 
     def start(self, received: Weights, state: dict[str, torch.Tensor]) -> dict[str, Weights]:
         return {"model": received, "head": self.setting.unpack(state["head"], self.setting.head)}
@@ -134,7 +135,8 @@ class FedCP(FedAvg):
         super().__init__(context, options)
         features = head_shape(context)[1]
         bound = 1 / math.sqrt(features)  # nn.Linear's default initialisation, from the run seed
-        self.policy = (torch.rand(policy_size(features), generator=self.generator) * 2 - 1) * bound
+        draw = torch.rand(policy_size(features), generator=self.generator, device="cpu")  # the same on every device
+        self.policy = (draw.to(context.device) * 2 - 1) * bound
 
     @classmethod
     def client_rule(cls, options: FedCPOptions, setting: ClientSetting) -> ClientRule:

@@ -96,9 +96,9 @@ class FedPACRule(ClientRule):
         data, model = local.data, local.model
         spec = self.setting.spec
         flat = spec.flatten(tracks["model"], batch_dims=1)
-        counts = torch.zeros(data.num_clients, self.num_classes)
-        feature_sums = torch.zeros(data.num_clients, self.num_classes, self.num_features)
-        squared_norms = torch.zeros(data.num_clients)
+        counts = torch.zeros(data.num_clients, self.num_classes, device=flat.device)
+        feature_sums = torch.zeros(data.num_clients, self.num_classes, self.num_features, device=flat.device)
+        squared_norms = torch.zeros(data.num_clients, device=flat.device)
         for block in scoring_blocks(model, data, spec.dim):  # every training row, a block at a time
             features = model.batched_forward(spec.unflatten(flat[block.owner]), block.x, features_only=True)
             one_hot = F.one_hot(torch.where(block.mask, block.y, 0), self.num_classes).to(features.dtype)
@@ -124,14 +124,14 @@ def collaboration_weights(profiles: torch.Tensor, variance: torch.Tensor, tolera
     difference = (profiles.unsqueeze(1) - profiles.unsqueeze(0)).flatten(2).double()  # [i, j, C*F] = h_i - h_j
     quadratic = difference @ difference.transpose(1, 2) + torch.diag(variance.double()).unsqueeze(0)  # [i, j, k]
     step = 1.0 / (2 * torch.linalg.eigvalsh(quadratic).amax(dim=1).clamp_min(1e-300)).unsqueeze(1)
-    allowed = torch.ones(num, num, dtype=torch.bool)
+    allowed = torch.ones(num, num, dtype=torch.bool, device=profiles.device)
 
     def objective_and_gradient(alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q_alpha = (quadratic @ alpha.unsqueeze(-1)).squeeze(-1)
         return (alpha * q_alpha).sum(1), 2 * q_alpha
 
-    alpha = torch.full((num, num), 1.0 / num, dtype=torch.float64)
-    momentum_point, t = alpha.clone(), torch.ones(num, 1, dtype=torch.float64)
+    alpha = torch.full((num, num), 1.0 / num, dtype=torch.float64, device=profiles.device)
+    momentum_point, t = alpha.clone(), torch.ones(num, 1, dtype=torch.float64, device=profiles.device)
     value, gradient = objective_and_gradient(alpha)
     for _ in range(max_iterations):
         # Frank-Wolfe gap g.alpha - min_j g_j >= f(alpha) - f*: the certificate the loop stops on

@@ -34,7 +34,8 @@ class FedRoDRule(ClientRule):
             raise ValueError("FedRoD needs a model that declares its head (TargetModel.head_module)")
 
     def init_state(self, received: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"personal_head": torch.zeros(len(received), self.setting.numel(self.setting.head))}
+        return {"personal_head": torch.zeros(len(received), self.setting.numel(self.setting.head),
+                                             device=received.device)}
 
     def start(self, received: Weights, state: dict[str, torch.Tensor]) -> dict[str, Weights]:
         return {"model": received, "personal_head": self.setting.unpack(state["personal_head"], self.setting.head)}

@@ -112,21 +112,22 @@ class PFedGAT(PersonalizedAggregation):
         O(N x chunk x heads), never the N^2 x heads of the complete graph at once."""
         n = self.context.num_clients
         if self.options.attention == "uniform":
-            return torch.full((len(client_ids), n), 1.0 / n)
+            return torch.full((len(client_ids), n), 1.0 / n, device=self.client_weights.device)
         if self.options.attention == "direct":
             return self.logits[client_ids].softmax(dim=1)
         models = self.client_weights
         if self.options.node_features == "centred":
             models = models - models.mean(dim=0)
         features = self.norm(models)
-        sources = torch.arange(n)
+        sources = torch.arange(n, device=features.device)
         chunk = max(1, ATTENTION_EDGES_PER_CHUNK // n)
         rows = []
         for targets in client_ids.split(chunk):
-            edges = torch.stack([sources.repeat(len(targets)), torch.arange(len(targets)).repeat_interleave(n)])
+            edges = torch.stack([sources.repeat(len(targets)),
+                                 torch.arange(len(targets), device=features.device).repeat_interleave(n)])
             _, (edges, alpha) = self.gat((features, features[targets]), edges, return_attention_weights=True)
-            rows.append(torch.zeros(len(targets), n, dtype=alpha.dtype).index_put((edges[1], edges[0]),
-                                                                                  alpha.mean(dim=1)))
+            rows.append(torch.zeros(len(targets), n, dtype=alpha.dtype, device=alpha.device).index_put(
+                (edges[1], edges[0]), alpha.mean(dim=1)))
         return torch.cat(rows)
 
     def mixing(self, client_ids: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,7 @@ def project_to_simplex(values: torch.Tensor, allowed: torch.Tensor) -> torch.Ten
     v = values.to(torch.float64).masked_fill(~allowed, float("-inf"))
     sorted_v = v.sort(dim=1, descending=True).values
     count = allowed.sum(dim=1, keepdim=True)
-    ranks = torch.arange(1, v.shape[1] + 1, dtype=torch.float64).unsqueeze(0)
+    ranks = torch.arange(1, v.shape[1] + 1, dtype=torch.float64, device=v.device).unsqueeze(0)
     finite = ranks <= count
     cumulative = torch.where(finite, sorted_v, 0.0).cumsum(dim=1)
     positive = finite & (sorted_v - (cumulative - 1.0) / ranks > 0)

@@ -48,9 +48,11 @@ class ClientHypernetworks(nn.Module):
 
         def uniform(*shape: int, fan_in: int) -> nn.Parameter:  # nn.Linear's default initialisation
             bound = 1.0 / math.sqrt(fan_in)
-            return nn.Parameter((torch.rand(num_clients, *shape, generator=generator) * 2 - 1) * bound)
+            draw = torch.rand(num_clients, *shape, generator=generator, device="cpu")  # the same on every device
+            return nn.Parameter((draw.to(torch.get_default_device()) * 2 - 1) * bound)
 
-        self.embeddings = nn.Parameter(torch.randn(num_clients, embedding_dim, generator=generator))
+        self.embeddings = nn.Parameter(torch.randn(num_clients, embedding_dim, generator=generator, device="cpu")
+                                       .to(torch.get_default_device()))
         self.w1, self.b1 = uniform(hidden, embedding_dim, fan_in=embedding_dim), uniform(hidden, fan_in=embedding_dim)
         self.w2, self.b2 = uniform(hidden, hidden, fan_in=hidden), uniform(hidden, fan_in=hidden)
         self.w3, self.b3 = uniform(hidden, hidden, fan_in=hidden), uniform(hidden, fan_in=hidden)

@@ -52,7 +52,7 @@ class PFedMeRule(PersonalModelRule):
                                                                                           torch.Tensor]:
         model = tracks["model"]
         personal = tracks["personal"]
-        losses = torch.zeros(0)
+        losses = torch.zeros(0, device=next(iter(model.values())).device)
         # The Moreau envelope's inner problem, on this step's mini-batch: part of one local step, not a loop
         # over data.
         for inner in range(self.inner_steps):

@@ -69,8 +69,9 @@ class SFL(PersonalizedAggregation):
     def propagation(self) -> torch.Tensor:
         """``P [N, N] = alpha * A_hat^L + (1 - alpha) * I``, row-stochastic."""
         n = self.context.num_clients
-        eye = torch.eye(n)
-        adjacency = self.graph() * (1 - eye) + eye
+        graph = self.graph()
+        eye = torch.eye(n, device=graph.device)
+        adjacency = graph * (1 - eye) + eye
         normalised = adjacency / adjacency.sum(dim=1, keepdim=True)
         propagated = torch.linalg.matrix_power(normalised, self.options.hops)
         return self.options.alpha * propagated + (1 - self.options.alpha) * eye

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -67,6 +67,10 @@ class ArchitectureFamily:
     def max_dim(self) -> int:
         return max(spec.dim for spec in self.specs)
 
+    def to(self, device: torch.device) -> ArchitectureFamily:
+        """The family with its architectures' instances (and so their initial weights) on ``device``."""
+        return replace(self, models=tuple(model.to(device) for model in self.models))
+
     def groups(self, client_ids: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
         """``(architecture index, positions in client_ids)`` for each architecture present, in index order."""
         of_clients = self.assignment[client_ids]
@@ -74,7 +78,7 @@ class ArchitectureFamily:
 
     def padded_init(self, client_ids: torch.Tensor) -> torch.Tensor:
         """``[S, max_dim]``: each client's architecture's initial weights, zero-padded (the ``own`` wire)."""
-        rows = torch.zeros(len(client_ids), self.max_dim)
+        rows = torch.zeros(len(client_ids), self.max_dim, device=self.init_weights[0].device)
         for arch, positions in self.groups(client_ids):
             rows[positions, :self.specs[arch].dim] = self.init_weights[arch]
         return rows

@@ -23,12 +23,14 @@ class InnerProductGraphGenerator(nn.Module):
         if len(positives) == 0:
             return z.sum() * 0.0
         if max_pairs is not None and len(positives) > max_pairs:
-            positives = positives[torch.randperm(len(positives), generator=generator)[:max_pairs]]
-        candidates = torch.randint(0, num_nodes, (4 * len(positives), 2), generator=generator)
+            positives = positives[torch.randperm(len(positives), generator=generator, device="cpu")[:max_pairs]
+                                  .to(positives.device)]
+        candidates = torch.randint(0, num_nodes, (4 * len(positives), 2), generator=generator,
+                                   device="cpu").to(adjacency.device)
         keep = (candidates[:, 0] != candidates[:, 1]) & (adjacency[candidates[:, 0], candidates[:, 1]] <= 0)
         negatives = candidates[keep][: len(positives)]
         pairs = torch.cat([positives, negatives])
-        labels = torch.cat([torch.ones(len(positives)), torch.zeros(len(negatives))])
+        labels = torch.cat([torch.ones(len(positives), device=z.device), torch.zeros(len(negatives), device=z.device)])
         z_hat = self.transform(z)
         logits = (z_hat[pairs[:, 0]] * z_hat[pairs[:, 1]]).sum(-1)
         return F.binary_cross_entropy_with_logits(logits, labels)

@@ -31,7 +31,7 @@ def save_checkpoint(out_dir: Path, state: dict[str, Any]) -> None:
     atomic_write_bytes(out_dir / CHECKPOINT, header + payload)
 
 
-def load_checkpoint(out_dir: Path) -> dict[str, Any]:
+def load_checkpoint(out_dir: Path, map_location: torch.device | str | None = None) -> dict[str, Any]:
     """The state saved by :func:`save_checkpoint`, checked before use.
 
     A checkpoint may come from anywhere (a shared run folder, a downloaded suite), so it is never unpickled
@@ -51,7 +51,7 @@ def load_checkpoint(out_dir: Path) -> dict[str, Any]:
             raise CheckpointError(f"--resume: checkpoint {path} is corrupt (its checksum does not match its "
                                   f"contents); start a new run or restore the file")
     try:
-        state = torch.load(io.BytesIO(payload), weights_only=True)
+        state = torch.load(io.BytesIO(payload), weights_only=True, map_location=map_location)
     except Exception as err:  # torch raises several types for truncated, corrupt or code-carrying pickles
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"--resume: checkpoint {path} is not a readable graphfed checkpoint "

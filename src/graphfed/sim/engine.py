@@ -123,7 +123,8 @@ class Simulator:
         if count >= len(train_ids):
             raise ConfigError(f"train.late_clients: {count} of {len(train_ids)} training clients would join late; "
                               f"at least one must train from round 1")
-        order = torch.randperm(len(train_ids), generator=rng.generator(self.config.seed, 0, "late_clients"))
+        order = torch.randperm(len(train_ids), generator=rng.generator(self.config.seed, 0, "late_clients"),
+                               device="cpu")
         return train_ids[order[:count]].sort().values
 
     # ---- pieces of a round ----------------------------------------------------------------------------
@@ -133,7 +134,8 @@ class Simulator:
         if round_index + 1 < self.config.train.join_round:  # late clients are not there yet
             train_ids = train_ids[~torch.isin(train_ids, self.late_ids)]
             per_round = min(per_round, len(train_ids))
-        order = torch.randperm(len(train_ids), generator=rng.generator(self.config.seed, round_index, "sampling"))
+        order = torch.randperm(len(train_ids), generator=rng.generator(self.config.seed, round_index, "sampling"),
+                               device="cpu")
         return train_ids[order[:per_round]].sort().values
 
     def run_round(self, round_index: int) -> dict[str, float]:
@@ -168,7 +170,7 @@ class Simulator:
 
     def score_all(self, round_index: int) -> dict[str, ClientScores]:
         """Every client's personalised model on its val and test split (its client rule decides what that is)."""
-        all_ids = torch.arange(self.setup.federation.num_clients)
+        all_ids = torch.arange(self.setup.federation.num_clients, device="cpu")
         return self.executor.evaluate(all_ids, self.setup.method.eval_weights(all_ids), round_index)
 
     def evaluate(self, round_index: int) -> dict[str, Any]:
@@ -258,7 +260,7 @@ class Simulator:
         num_clients = self.setup.federation.num_clients
         if num_clients <= GRAPH_ROWS:
             return None
-        order = torch.randperm(num_clients, generator=rng.generator(self.config.seed, 0, "graph_rows"))
+        order = torch.randperm(num_clients, generator=rng.generator(self.config.seed, 0, "graph_rows"), device="cpu")
         return order[:GRAPH_ROWS].sort().values
 
     # ---- checkpoints --------------------------------------------------------------------------------
@@ -288,7 +290,7 @@ class Simulator:
         try:
             self.setup.method.load_state_dict(state["method"])
             self.executor.load_state_dict(state.get("clients", {}))
-            torch.set_rng_state(state["torch_rng"])
+            torch.set_rng_state(state["torch_rng"].cpu())
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
             raise CheckpointError(f"--resume: the checkpoint's state does not fit this run's method, model or "
@@ -318,7 +320,8 @@ class Simulator:
             for stale in runs.remove_stale_temporaries(self.out_dir):
                 log.info("removed %s, left by an interrupted write", stale)
             if resume:
-                start_round = self._restore(checkpoint.load_checkpoint(self.out_dir))
+                # onto this run's device, whichever device wrote it (GPU -> CPU and back)
+                start_round = self._restore(checkpoint.load_checkpoint(self.out_dir, self.setup.clients.device))
                 rounds_log.truncate_after(start_round)
                 log.info("resuming %s from round %d", self.out_dir, start_round)
             else:
@@ -447,6 +450,7 @@ class Simulator:
             "wall_seconds": round(self.tracker.elapsed, 3),
             "bytes_up": self.tracker.bytes_up, "bytes_down": self.tracker.bytes_down,
             "peak_rss_mb": peak_rss_mb(), "torch_threads": cfg.torch_threads,
+            "device": str(self.setup.clients.device),
             "notes": list(self.setup.method.notes),
             # the code that produced these numbers: bench reruns (or marks stale) a run from other code
             "code": code_provenance(),

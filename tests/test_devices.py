@@ -1,0 +1,133 @@
+"""Device placement (``train.device``): what a CPU-only machine can check.
+
+Runtime code creates every tensor on a named device (the data's or weights', or the host for bookkeeping).
+``DevicelessFactoryAudit`` sends a tensor created without ``device=`` to the ``meta`` device, so the first
+operation that meets a real tensor fails: the same code on a GPU would have mixed a CPU tensor into a CUDA run.
+Every registered method (two rounds, an evaluation, novel-client adaptation) and every registered model (the
+training, evaluation and feedback kernels) runs under it.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from golden_runs import config_of
+from graphfed.cli import app
+from graphfed.client.contract import ClientRule, ClientSetting, LocalTraining
+from graphfed.client.evaluation import evaluate_clients
+from graphfed.client.placement import DevicelessFactoryAudit, resolve_device
+from graphfed.client.training import train_clients, validation_feedback
+from graphfed.config import ConfigError, load_config, validate_config
+from graphfed.core.params import ParamSpec
+from graphfed.data.federation import ClientSplit
+from graphfed.methods import METHODS
+from graphfed.methods.fedavg import FedAvg
+from graphfed.models import MODELS, build_model
+from graphfed.sim.checkpoint import load_checkpoint
+from graphfed.sim.engine import Simulator, run_config
+
+COUNTS = (30, 9, 0)  # a client without rows too
+
+
+def _rounds_under_audit(method: str) -> None:
+    simulator = Simulator(validate_config(config_of(method)), progress=False)
+    with DevicelessFactoryAudit():
+        simulator.run_round(0)
+        simulator.run_round(1)
+        simulator.evaluate(1)
+        simulator.evaluate_novel_adapted()
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_creates_its_tensors_on_a_named_device(method: str) -> None:
+    _rounds_under_audit(method)
+
+
+def test_the_audit_catches_a_tensor_made_without_a_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server step that makes a tensor without naming its device (here FedAvg adding zeros(dim) to its update)
+    fails under the audit, naming the mix of devices."""
+    update = FedAvg.update
+
+    def careless(self: FedAvg, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
+                 metrics: dict[str, torch.Tensor]) -> None:
+        update(self, client_ids, sent, delta + torch.zeros(delta.shape[1]), metrics)
+
+    monkeypatch.setattr(FedAvg, "update", careless)
+    with pytest.raises(RuntimeError, match="meta"):
+        _rounds_under_audit("fedavg")
+
+
+def _data(name: str) -> tuple[SimpleNamespace, ClientSplit]:
+    generator = torch.Generator().manual_seed(0)
+    if name == "gru":
+        fed = SimpleNamespace(name="series", task="regression", input_shape=(12,), output_dim=3)
+        xs = [torch.randn(count, 12, generator=generator) for count in COUNTS]
+        ys = [x[:, -3:] * 0.5 for x in xs]
+    else:
+        shape = (20,) if name == "mlp" else (3, 16, 16)
+        fed = SimpleNamespace(name="data", task="classification", input_shape=shape, output_dim=4)
+        xs = [torch.randn(count, *shape, generator=generator) for count in COUNTS]
+        ys = [torch.arange(count) % 4 for count in COUNTS]
+    return fed, ClientSplit.from_lists(xs, ys, fed.task)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_model_trains_and_scores_on_a_named_device(name: str) -> None:
+    fed, split = _data(name)
+    torch.manual_seed(0)
+    model = build_model(name, fed, {})  # type: ignore[arg-type]
+    spec = ParamSpec.from_module(model)
+    start = spec.flatten_module(model).unsqueeze(0).repeat(len(COUNTS), 1)
+    training = LocalTraining(2, 4, 0.05, "val_loss_pair")
+    rule = ClientRule(ClientSetting(spec, model.head_names, fed.task, fed.output_dim, training), prox_mu=0.1)
+    with DevicelessFactoryAudit():
+        trained = train_clients(model, spec, start, split, rule, [1, 2, 3]).trained
+        scores = evaluate_clients(model, spec, trained, split, fed.task)
+        feedback = validation_feedback(model, spec, trained, split, fed.task, training, [4, 5, 6])
+    assert trained.shape == start.shape and scores.metric.shape == (3,) and feedback.shape == (3, 2)
+
+
+def test_train_device_names_what_this_machine_lacks_in_one_line(tmp_path: object) -> None:
+    """``train.device`` is checked when a run is set up: a device the machine lacks is a ConfigError naming what
+    torch found (exit 2 from the CLI), never a silent fallback; ``cpu`` and ``auto`` run here."""
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type in ("cpu", "cuda", "mps")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"train.device: cuda asked for, but this torch .* finds no CUDA"):
+            resolve_device("cuda")
+        result = CliRunner().invoke(app, ["run", "configs/demo_fl60.yaml", "--set", "train.device=cuda:1",
+                                          "--set", "train.rounds=1", "--out", str(tmp_path), "--no-progress"])
+        assert result.exit_code == 2
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: train.device: cuda:1 asked for, but this torch")
+    with pytest.raises(ConfigError, match=r"train\.device"):
+        load_config(None, ["train.device=gpu"])
+
+
+def test_a_run_records_its_device_and_a_checkpoint_loads_onto_another(tmp_path: object) -> None:
+    """The result says where the run computed; a checkpoint loads onto the device it is asked for (here the meta
+    device stands in for a GPU: every tensor of the state comes back there)."""
+    from pathlib import Path
+
+    out = Path(str(tmp_path))
+    config = load_config(None, ["dataset.name=fln", "dataset.num_clients=6", "model.options={hidden: 8}",
+                                "train.rounds=2", "train.eval_every=2", "train.checkpoint_every=2",
+                                "train.local_steps=2", "method.name=pfedhn", "train.device=cpu"])
+    result = run_config(config, out, progress=False)
+    assert result.device == "cpu"
+    state = load_checkpoint(out, "meta")
+
+    def devices(value: object) -> set[str]:
+        if isinstance(value, torch.Tensor):
+            return {value.device.type}
+        if isinstance(value, dict):
+            return set().union(*(devices(item) for item in value.values())) if value else set()
+        if isinstance(value, list | tuple):
+            return set().union(*(devices(item) for item in value)) if value else set()
+        return set()
+
+    assert devices(state) == {"meta"}
