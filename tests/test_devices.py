@@ -131,3 +131,40 @@ def test_a_run_records_its_device_and_a_checkpoint_loads_onto_another(tmp_path: 
         return set()
 
     assert devices(state) == {"meta"}
+
+
+FLN = ["dataset.name=fln", "dataset.num_clients=8", "model.options={hidden: 16}", "method.name=fedavg",
+       "train.rounds=15", "train.clients_per_round=8", "train.local_steps=10", "train.eval_every=5", "train.lr=0.1",
+       "torch_threads=1"]
+
+
+def test_bf16_autocast_trains_and_scores_close_to_fp32() -> None:
+    """``train.precision: bf16`` runs the clients' forward and backward under autocast: the same run learns as well
+    (within 3 points) yet is not the fp32 run (the matmuls really ran in bf16); fp32 stays the default."""
+    fp32 = run_config(load_config(None, FLN), progress=False)
+    bf16 = run_config(load_config(None, [*FLN, "train.precision=bf16"]), progress=False)
+    assert load_config(None, FLN).train.precision == "fp32"
+    assert fp32.test_mean > 0.65 and abs(bf16.test_mean - fp32.test_mean) < 0.03  # chance: 0.5
+    assert bf16.val_mean != fp32.val_mean or bf16.test_std != fp32.test_std
+
+
+def test_bf16_scores_match_fp32_scores_within_bf16_rounding() -> None:
+    fed, split = _data("mlp")
+    torch.manual_seed(0)
+    model = build_model("mlp", fed, {})  # type: ignore[arg-type]
+    spec = ParamSpec.from_module(model)
+    weights = spec.flatten_module(model).unsqueeze(0).repeat(len(COUNTS), 1)
+    fp32 = evaluate_clients(model, spec, weights, split, fed.task)
+    bf16 = evaluate_clients(model, spec, weights, split, fed.task, precision="bf16")
+    assert fp32.loss.dtype == bf16.loss.dtype == torch.float32
+    torch.testing.assert_close(bf16.loss, fp32.loss, rtol=2e-2, atol=2e-2)
+    assert not torch.equal(bf16.loss, fp32.loss)
+
+
+def test_deterministic_algorithms_hold_for_the_run_only() -> None:
+    """``train.deterministic`` turns torch's deterministic algorithms on while the run runs (CPU numbers are the
+    same either way) and restores the setting after."""
+    plain = run_config(load_config(None, [*FLN, "train.rounds=5"]), progress=False)
+    strict = run_config(load_config(None, [*FLN, "train.rounds=5", "train.deterministic=true"]), progress=False)
+    assert strict.test_mean == plain.test_mean and strict.val_mean == plain.val_mean
+    assert not torch.are_deterministic_algorithms_enabled()

@@ -140,6 +140,11 @@ class TrainConfig(_Strict):
                         description="where data, models and server state live: auto (CUDA, then MPS, else the CPU), "
                                     "cpu, cuda, cuda:N or mps; a device this machine lacks is an error, never a "
                                     "silent fallback")
+    precision: Literal["fp32", "bf16"] = Field(default="fp32", description="fp32, or bf16: the clients' forward and "
+                                               "backward under autocast (weights, updates and server state stay fp32)")
+    deterministic: bool = Field(default=False, description="deterministic algorithms only "
+                                "(torch.use_deterministic_algorithms): the same numbers on the same GPU, at some "
+                                "speed; CPU runs are deterministic either way")
 
     @model_validator(mode="after")
     def _late_clients_join_during_the_run(self) -> TrainConfig:

@@ -53,7 +53,7 @@ def resolve_method(config: RunConfig) -> MethodSetup:
     options = parse_options(cls, config.method.options)
     feedback, feedback_mu = cls.client_feedback(options)
     training = LocalTraining(config.train.local_steps, config.train.batch_size, config.train.lr, feedback,
-                             feedback_mu)
+                             feedback_mu, config.train.precision)
     return MethodSetup(cls, options, training)
 
 

@@ -12,6 +12,7 @@ import torch
 
 from graphfed.client.contract import Weights
 from graphfed.client.losses import per_row_loss
+from graphfed.client.placement import autocast
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import ClientSplit, RowBlocks, Task
 from graphfed.models.base import TargetModel
@@ -101,7 +102,7 @@ class ClientScores:
 def evaluate_clients(model: TargetModel, spec: ParamSpec, weights: torch.Tensor, data: ClientSplit,
                      task: Task, max_elements: int = 4_000_000,
                      forward: Callable[[Weights, torch.Tensor, torch.Tensor], torch.Tensor | None] | None = None,
-                     ) -> ClientScores:
+                     precision: str = "fp32") -> ClientScores:
     """Each client's metric with its own weights on its own rows.
 
     Rows go in fixed-size blocks of one client each (:meth:`ClientSplit.blocks`), so the work per chunk does not
@@ -117,14 +118,8 @@ def evaluate_clients(model: TargetModel, spec: ParamSpec, weights: torch.Tensor,
               and (weights.stride(0) == 0 or all(torch.equal(rows, weights[:1].expand_as(rows))
                                                  for rows in weights.split(256))))
     for block in scoring_blocks(model, data, spec.dim, max_elements):
-        if shared:
-            rows = block.x.reshape(1, -1, *block.x.shape[2:])
-            outputs = model.batched_forward(spec.unflatten(weights[:1]), rows).view(*block.mask.shape, -1)
-        else:
-            block_weights = spec.unflatten(weights[block.owner])
-            outputs = forward(block_weights, block.x, block.owner) if forward is not None else None
-            if outputs is None:
-                outputs = model.batched_forward(block_weights, block.x)
+        with autocast(precision, weights.device):
+            outputs = _block_outputs(model, spec, weights, block, shared, forward).float()  # scored in fp32
         loss_sum += sum_by_client(per_row_loss(outputs, block.y, task), block, num_clients)
         if task == "classification":
             correct = (outputs.argmax(-1) == block.y).to(torch.float32)
@@ -138,3 +133,16 @@ def evaluate_clients(model: TargetModel, spec: ParamSpec, weights: torch.Tensor,
     return ClientScores(metric=metric_sum / metric_elements.clamp_min(1.0), loss=loss_sum / rows.clamp_min(1.0),
                         counts=data.counts, metric_sum=metric_sum, metric_elements=metric_elements,
                         abs_error_sum=abs_error_sum)
+
+
+def _block_outputs(model: TargetModel, spec: ParamSpec, weights: torch.Tensor, block: RowBlocks, shared: bool,
+                   forward: Callable[[Weights, torch.Tensor, torch.Tensor], torch.Tensor | None] | None,
+                   ) -> torch.Tensor:
+    """``[P, B, out]`` outputs of one chunk of blocks: the one shared network on every row, or each block's
+    client's network (``forward`` first, when it gives outputs)."""
+    if shared:
+        rows = block.x.reshape(1, -1, *block.x.shape[2:])
+        return model.batched_forward(spec.unflatten(weights[:1]), rows).view(*block.mask.shape, -1)
+    block_weights = spec.unflatten(weights[block.owner])
+    outputs = forward(block_weights, block.x, block.owner) if forward is not None else None
+    return model.batched_forward(block_weights, block.x) if outputs is None else outputs

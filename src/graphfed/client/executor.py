@@ -229,7 +229,7 @@ class ClientRuntime(ClientExecutor):
         # scores go back to the host: the round loop's bookkeeping (means, masks by client) lives there
         return {split: evaluate_clients(model, spec, weights,
                                         getattr(self.federation, split).select(client_ids), self.federation.task,
-                                        forward=forward).to(torch.device("cpu"))
+                                        forward=forward, precision=self.training.precision).to(torch.device("cpu"))
                 for split in self.federation.evaluation_splits}
 
     def _rule_forward(self, client_ids: torch.Tensor) -> Callable[[Weights, torch.Tensor, torch.Tensor], torch.Tensor]:

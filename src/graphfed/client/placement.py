@@ -7,6 +7,9 @@ device). :class:`DevicelessFactoryAudit` is how tests hold code to that rule on 
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, ClassVar
 
 import torch
@@ -49,6 +52,30 @@ def resolve_device(name: str) -> torch.device:
     raise ConfigError(f"train.device: {name!r} is not supported; allowed: {DEVICE_CHOICES}")
 
 
+def autocast(precision: str, device: torch.device) -> AbstractContextManager[Any]:
+    """The model's forward (and so its backward) in ``precision``: nothing for fp32, bf16 autocast otherwise
+    (matmuls and convolutions in bf16, losses and reductions in fp32; the weights stay fp32)."""
+    if precision == "fp32":
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+@contextmanager
+def deterministic_algorithms(enabled: bool) -> Iterator[None]:
+    """``torch.use_deterministic_algorithms`` while a run runs (``train.deterministic``), restored after. On CUDA it
+    also needs cuBLAS's fixed workspace (set here unless the user set it; it takes effect before cuBLAS starts)."""
+    if not enabled:
+        yield
+        return
+    previous = torch.are_deterministic_algorithms_enabled()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
 def _cuda_build() -> str:
     built = torch.version.cuda
     return f"built with CUDA {built}, no GPU visible" if built else "a CPU-only build"
@@ -72,4 +99,4 @@ class DevicelessFactoryAudit(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-__all__ = ["DEVICE_CHOICES", "DevicelessFactoryAudit", "resolve_device"]
+__all__ = ["DEVICE_CHOICES", "DevicelessFactoryAudit", "autocast", "deterministic_algorithms", "resolve_device"]

@@ -10,6 +10,7 @@ import torch
 from graphfed.client.contract import ClientRule, LocalResult, LocalStep, LocalTraining
 from graphfed.client.evaluation import scoring_blocks, sum_by_client
 from graphfed.client.losses import per_row_loss
+from graphfed.client.placement import autocast
 from graphfed.core.params import ParamSpec
 from graphfed.core.rng import unit_direction as rng_direction
 from graphfed.data.federation import ClientSplit, Task
@@ -88,7 +89,8 @@ def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data
     for step in range(steps):
         batches = [data.gather(batch_index[:, step * per_step + draw]) for draw in range(per_step)]
         local = LocalStep(model, task, step, batches, has_data, training.lr, label_counts, data, broadcast or {})
-        tracks, losses = rule.step(local, tracks, received)
+        with autocast(training.precision, start.device):
+            tracks, losses = rule.step(local, tracks, received)
         if step == 0:
             first_loss = losses.detach()
         if step == steps - 1:
@@ -120,7 +122,8 @@ def validation_feedback(model: TargetModel, spec: ParamSpec, start: torch.Tensor
     def losses(weights: torch.Tensor) -> torch.Tensor:
         total = torch.zeros(data.num_clients, dtype=weights.dtype, device=weights.device)
         for block in blocks:
-            outputs = model.batched_forward(spec.unflatten(weights[block.owner]), block.x)
+            with autocast(training.precision, weights.device):
+                outputs = model.batched_forward(spec.unflatten(weights[block.owner]), block.x).float()
             total = total + sum_by_client(per_row_loss(outputs, block.y, task), block, data.num_clients)
         return total / data.counts.clamp_min(1)
 

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from graphfed import runs
 from graphfed.client.evaluation import ClientScores
 from graphfed.client.executor import ClientExecutor, check_update
+from graphfed.client.placement import deterministic_algorithms
 from graphfed.config import ConfigError, RunConfig, dump_config, same_run, validate_config
 from graphfed.core import rng
 from graphfed.data.federation import Federation
@@ -312,6 +313,11 @@ class Simulator:
 
     # ---- the loop ----------------------------------------------------------------------------------
     def run(self, resume: bool = False) -> RunResult:
+        """Run the rounds (from the checkpoint with ``resume``), write the run directory, return the result."""
+        with deterministic_algorithms(self.config.train.deterministic):
+            return self._run(resume)
+
+    def _run(self, resume: bool) -> RunResult:
         cfg, fed, method = self.config, self.setup.federation, self.setup.method
         rounds_log = runs.RoundLog(self.out_dir) if self.out_dir else None
         start_round = 0
