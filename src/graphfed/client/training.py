@@ -60,6 +60,8 @@ def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data
     if start.shape != (data.num_clients, spec.dim):
         raise ValueError(f"start weights must be [{data.num_clients}, {spec.dim}], got {tuple(start.shape)}")
     per_chunk = max(1, TRAINING_VALUES_PER_CHUNK // spec.dim)
+    if model.clients_per_chunk is not None:
+        per_chunk = min(per_chunk, model.clients_per_chunk)
     if data.num_clients > per_chunk:
         # Clients are independent: large models train a chunk of clients at a time, so the weights, gradients
         # and updates of a step stay cache-sized (50 clients x 1.6M parameters rewritten per step are

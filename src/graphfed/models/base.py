@@ -22,6 +22,11 @@ class TargetModel(nn.Module):
     #: model is evaluated on each client's whole split as one batch, without padding rows, so a client's score does
     #: not depend on the order of its rows or on any block size; False: rows are independent and go in blocks
     batch_statistics: bool = False
+    #: at most this many clients train at once (None: as many as ``TRAINING_VALUES_PER_CHUNK`` weights allow).
+    #: Convolutional models set 8: a chunk's activations and autograd graph then stay cache-sized, and training 100
+    #: clients 8 at a time is 2x (LeNet) to 12x (CNN-BN) faster on the CPU than all at once
+    #: (``benchmarks/cpu_grid.py``); results equal all-at-once training up to float rounding
+    clients_per_chunk: int | None = None
     #: the submodule that maps features to outputs (classifier or regression head); personalisation methods
     #: that split a model into body and head (FedRep, FedRoD, ...) read it from here, never from parameter order
     head_module: str

@@ -10,6 +10,8 @@ from graphfed.models.base import ClientGroups, TargetModel, batched_linear
 
 
 class SmallCNN(TargetModel):
+    clients_per_chunk = 8  # cache-sized chunks of clients (TargetModel.clients_per_chunk)
+
     def __init__(self, input_shape: tuple[int, ...], num_classes: int, channels: int = 16,
                  hidden: int = 64) -> None:
         super().__init__()
@@ -47,6 +49,8 @@ class PflCNN(TargetModel):
     layers (0.25, 0.5) are left out: graphfed's local training is deterministic given the seed, and dropout
     would need a per-client mask stream; the benchmark compares speed, not accuracy.
     """
+
+    clients_per_chunk = 8  # cache-sized chunks of clients (TargetModel.clients_per_chunk)
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
         super().__init__()

@@ -80,6 +80,8 @@ class PaddingAwareBatchNorm2d(nn.BatchNorm2d):
 class CNNBN(TargetModel):
     """conv-BN-ReLU-pool x2, linear-ReLU, linear; see the module docstring for the BN semantics."""
 
+    clients_per_chunk = 8  # cache-sized chunks of clients (TargetModel.clients_per_chunk)
+
     def __init__(self, input_shape: tuple[int, ...], num_classes: int, channels: int = 32, hidden: int = 512,
                  kernel_size: int = 5) -> None:
         super().__init__()

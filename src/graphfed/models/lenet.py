@@ -28,6 +28,8 @@ def _side_after_features(side: int) -> int:
 
 
 class LeNet(TargetModel):
+    clients_per_chunk = 8  # cache-sized chunks of clients (TargetModel.clients_per_chunk)
+
     def __init__(self, input_shape: tuple[int, ...], num_classes: int, channels: int = 16,
                  channels2: int | None = None, hidden: int = 120, hidden2: int = 84) -> None:
         super().__init__()

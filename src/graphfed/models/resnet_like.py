@@ -98,6 +98,8 @@ class PlainPair(nn.Module):
 class ResNetLike(TargetModel):
     """One member of the family (see the module docstring); ``forward`` takes ``[B, C, H, W]`` images."""
 
+    clients_per_chunk = 8  # cache-sized chunks of clients (TargetModel.clients_per_chunk)
+
     batch_statistics = True  # BN normalises with the batch: evaluated on each client's whole split at once
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int, arch: str = "arch0", width: int = 8) -> None:
