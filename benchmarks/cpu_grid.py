@@ -1,0 +1,154 @@
+"""graphfed's local training against a sequential per-client loop, over models x clients x batch sizes (CPU).
+
+The loop is written the way PFLlib and FL-bench clients train: per client, a fresh copy of the model loaded with
+the start weights, ``model.train()``, a ``DataLoader`` over the client's own tensors (shuffled, ``batch_size``
+rows, cycled until ``steps`` steps are done), ``torch.optim.SGD`` with ``zero_grad / backward / step``, client
+after client. graphfed is one call of :func:`graphfed.client.training.train_clients` for all clients (their
+weights as rows of one tensor). Both sides run the same number of SGD steps of the same batch size from the same
+start weights on the same client data (not the same batches: the loop draws its own), once as warm-up, then
+``--repeats`` times alternating; the best time counts. ``ratio`` = loop seconds / graphfed seconds: above 1,
+graphfed is faster.
+
+Grid: models {mlp, lenet, cnn-bn, resnet-like} x clients trained together {20, 100, 50 (the pfl-research round of
+50 clients out of 1,000)} x batch {10, 32}, 50 rows per client (pfl-research's CIFAR-10 clients), 5 local steps.
+
+    .venv/bin/python benchmarks/cpu_grid.py             # writes benchmarks/results/cpu_grid.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call
+from torch.utils.data import DataLoader, TensorDataset
+
+from graphfed.client.contract import LocalTraining, plain_sgd
+from graphfed.client.training import train_clients
+from graphfed.core.params import ParamSpec
+from graphfed.data.federation import ClientSplit
+from graphfed.models import build_model
+from graphfed.models.base import TargetModel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sim_throughput import machine_info
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODELS = ("mlp", "lenet", "cnn-bn", "resnet-like")
+CLIENTS = (20, 100, 50)
+BATCHES = (10, 32)
+ROWS_PER_CLIENT = 50
+CLASSES = 10
+
+
+def federation_shape(model: str) -> SimpleNamespace:
+    shape = (784,) if model == "mlp" else (3, 32, 32)
+    return SimpleNamespace(name="grid", task="classification", input_shape=shape, output_dim=CLASSES)
+
+
+def client_data(model: str, clients: int, seed: int) -> ClientSplit:
+    generator = torch.Generator().manual_seed(seed)
+    shape = federation_shape(model).input_shape
+    xs = [torch.randn(ROWS_PER_CLIENT, *shape, generator=generator) for _ in range(clients)]
+    ys = [torch.randint(0, CLASSES, (ROWS_PER_CLIENT,), generator=generator) for _ in range(clients)]
+    return ClientSplit.from_lists(xs, ys, "classification")
+
+
+def run_graphfed(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data: ClientSplit,
+                 training: LocalTraining) -> torch.Tensor:
+    rule = plain_sgd(spec, "classification", training)
+    return train_clients(model, spec, start, data, rule, list(range(data.num_clients))).trained
+
+
+def run_loop(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data: ClientSplit,
+             training: LocalTraining) -> torch.Tensor:
+    trained = []
+    for client in range(data.num_clients):
+        local = copy.deepcopy(model)
+        local.load_state_dict(dict(spec.unflatten(start[client])), strict=False)
+        local.train()
+        optimizer = torch.optim.SGD(local.parameters(), lr=training.lr)
+        x, y = data.client(client)
+        loader = DataLoader(TensorDataset(x, y), batch_size=training.batch_size, shuffle=True)
+        steps = 0
+        while steps < training.steps:
+            for batch_x, batch_y in loader:
+                optimizer.zero_grad()
+                loss = nn.functional.cross_entropy(functional_call(local, dict(local.named_parameters()),
+                                                                   (batch_x,)), batch_y)
+                loss.backward()
+                optimizer.step()
+                steps += 1
+                if steps == training.steps:
+                    break
+        trained.append(spec.flatten_module(local))
+    return torch.stack(trained)
+
+
+def best_time(run: Any, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        begin = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - begin)
+    return best
+
+
+def measure(model_name: str, clients: int, batch: int, steps: int, repeats: int, seed: int) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    model = build_model(model_name, federation_shape(model_name), {})  # type: ignore[arg-type]
+    spec = ParamSpec.from_module(model)
+    start = spec.flatten_module(model).unsqueeze(0).repeat(clients, 1)
+    data = client_data(model_name, clients, seed)
+    training = LocalTraining(steps, batch, 0.05)
+    sides = {"graphfed": lambda: run_graphfed(model, spec, start, data, training),
+             "loop": lambda: run_loop(model, spec, start, data, training)}
+    for run in sides.values():  # warm-up
+        run()
+    times = {name: float("inf") for name in sides}
+    for _ in range(repeats):  # alternating: both sides see the same background load
+        for name, run in sides.items():
+            times[name] = min(times[name], best_time(run, 1))
+    return {"model": model_name, "parameters": spec.dim, "clients": clients, "batch": batch, "steps": steps,
+            "graphfed_s": round(times["graphfed"], 4), "loop_s": round(times["loop"], 4),
+            "ratio": round(times["loop"] / times["graphfed"], 3)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=RESULTS / "cpu_grid.json")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    cells = []
+    for model_name in args.models.split(","):
+        for clients in CLIENTS:
+            for batch in BATCHES:
+                cell = measure(model_name, clients, batch, args.steps, args.repeats, args.seed)
+                cells.append(cell)
+                print(f"{model_name:12s} {clients:4d} clients batch {batch:3d}: graphfed {cell['graphfed_s']:.3f} s, "
+                      f"loop {cell['loop_s']:.3f} s, ratio {cell['ratio']:.2f}x", flush=True)
+    below = [cell for cell in cells if cell["ratio"] < 1.0]
+    result = {"benchmark": "cpu_grid", "torch": torch.__version__, "threads": args.threads, "steps": args.steps,
+              "rows_per_client": ROWS_PER_CLIENT, "machine": machine_info(), "cells": cells,
+              "cells_below_1x": [f"{c['model']} {c['clients']}x{c['batch']}: {c['ratio']}x" for c in below]}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{len(cells)} cells, {len(below)} below 1.0x -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
