@@ -1,26 +1,7 @@
 """``graphfed bench SUITE.yaml``: a resumable grid of methods x datasets x seeds and its markdown report.
 
-A suite file names the grid and, where a paper reports a cell, the paper's number beside it::
-
-    name: smoke
-    seeds: 2                      # seeds per cell: seed, seed+1, ... from the config's seed
-    base:                         # RunConfig fields shared by every cell
-      torch_threads: 1
-      train: {rounds: 20, local_steps: 10}
-    datasets:
-      fl60:                       # a key of your choice: one table in the report
-        title: FL-60
-        config: {dataset: {name: fl60, novel_fraction: 0.2}}   # merged over base
-        methods: [panacea, panacea-big, fedavg]
-        method_options: {panacea: {server_steps: 2}}
-        variants: {panacea-big: {method: panacea, options: {hypernet_hidden: 200}}}  # a row of its own
-        paper:
-          - label: Panacea T2
-            source: "Panacea Table II (accuracy %, mean ± std over clients)"
-            numbers: {panacea: {test: "100.0 ± 0.0", novel: "100.0 ± 0.0"}}
-
-A relative ``dataset.data_dir`` in a suite is relative to the suite file; a dataset whose config names none
-reads ``--data-dir``, then ``$GRAPHFED_DATA``, then ``../shared/data``.
+The suite file (the grid, the papers' numbers and claims) is described in :mod:`graphfed.suites`; the report
+is written by :mod:`graphfed.report.suite`.
 
 Every cell runs in its own directory ``OUT/runs/<dataset key>/<method>/seed<k>``. A cell whose directory holds
 a completed summary of the same config is skipped; one with a checkpoint of the same config resumes from it, so
