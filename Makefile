@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# the project's real datasets, beside the clone (graphfed's own default is the user's data folder)
+export GRAPHFED_DATA ?= $(abspath ../shared/data)
 
 .PHONY: demo test lint bench clean setup
 

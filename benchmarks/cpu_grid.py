@@ -1,10 +1,12 @@
 """graphfed's local training against a sequential per-client loop, over models x clients x batch sizes (CPU).
 
 The loop is written the way PFLlib and FL-bench clients train: per client, a fresh copy of the model loaded with
-the start weights, ``model.train()``, a ``DataLoader`` over the client's own tensors (shuffled, ``batch_size``
-rows, cycled until ``steps`` steps are done), ``torch.optim.SGD`` with ``zero_grad / backward / step``, client
-after client. graphfed is one call of :func:`graphfed.client.training.train_clients` for all clients (their
-weights as rows of one tensor). Both sides run the same number of SGD steps of the same batch size from the same
+the start weights, ``model.train()``, a ``DataLoader`` over the client's own tensors (``steps`` full batches of
+``batch_size`` rows drawn with replacement, as graphfed draws them), ``torch.optim.SGD`` with ``zero_grad /
+backward / step``, client after client. graphfed is one call of
+:func:`graphfed.client.training.train_clients` for all clients (their weights as rows of one tensor), its clients
+batched as a run's start-of-run calibration chooses (``graphfed.client.autotune``; the calibration's own time is
+reported as ``calibration_s``). Both sides run the same number of SGD steps of the same batch size from the same
 start weights on the same client data (not the same batches: the loop draws its own), once as warm-up, then
 ``--repeats`` times alternating; the best time counts. ``ratio`` = loop seconds / graphfed seconds: above 1,
 graphfed is faster.
@@ -21,6 +23,7 @@ import argparse
 import copy
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,8 +32,9 @@ from typing import Any
 import torch
 from torch import nn
 from torch.func import functional_call
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
+from graphfed.client.autotune import choose_clients_per_chunk
 from graphfed.client.contract import LocalTraining, plain_sgd
 from graphfed.client.training import train_clients
 from graphfed.core.params import ParamSpec
@@ -77,18 +81,18 @@ def run_loop(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data: Cli
         local.train()
         optimizer = torch.optim.SGD(local.parameters(), lr=training.lr)
         x, y = data.client(client)
-        loader = DataLoader(TensorDataset(x, y), batch_size=training.batch_size, shuffle=True)
-        steps = 0
-        while steps < training.steps:
-            for batch_x, batch_y in loader:
-                optimizer.zero_grad()
-                loss = nn.functional.cross_entropy(functional_call(local, dict(local.named_parameters()),
-                                                                   (batch_x,)), batch_y)
-                loss.backward()
-                optimizer.step()
-                steps += 1
-                if steps == training.steps:
-                    break
+        # full batches drawn with replacement, as graphfed draws them: both sides process steps x batch rows (a
+        # shuffled pass over 50 rows in batches of 32 would alternate 32- and 18-row batches, 18 % less work)
+        rows = TensorDataset(x, y)
+        loader = DataLoader(rows, batch_size=training.batch_size,
+                            sampler=RandomSampler(rows, replacement=True,
+                                                  num_samples=training.steps * training.batch_size))
+        for batch_x, batch_y in loader:
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(functional_call(local, dict(local.named_parameters()), (batch_x,)),
+                                               batch_y)
+            loss.backward()
+            optimizer.step()
         trained.append(spec.flatten_module(local))
     return torch.stack(trained)
 
@@ -109,6 +113,13 @@ def measure(model_name: str, clients: int, batch: int, steps: int, repeats: int,
     start = spec.flatten_module(model).unsqueeze(0).repeat(clients, 1)
     data = client_data(model_name, clients, seed)
     training = LocalTraining(steps, batch, 0.05)
+    # graphfed batches clients as a run would: the chunk size its start-of-run calibration measures (not cached)
+    calibration_start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as cache:
+        choice = choose_clients_per_chunk(model, spec, data, plain_sgd(spec, "classification", training), clients,
+                                          cache_file=Path(cache) / "autotune.json")
+    calibration_s = time.perf_counter() - calibration_start
+    model.clients_per_chunk = choice.clients_per_chunk
     sides = {"graphfed": lambda: run_graphfed(model, spec, start, data, training),
              "loop": lambda: run_loop(model, spec, start, data, training)}
     for run in sides.values():  # warm-up
@@ -118,6 +129,7 @@ def measure(model_name: str, clients: int, batch: int, steps: int, repeats: int,
         for name, run in sides.items():
             times[name] = min(times[name], best_time(run, 1))
     return {"model": model_name, "parameters": spec.dim, "clients": clients, "batch": batch, "steps": steps,
+            "clients_per_chunk": choice.clients_per_chunk, "calibration_s": round(calibration_s, 3),
             "graphfed_s": round(times["graphfed"], 4), "loop_s": round(times["loop"], 4),
             "ratio": round(times["loop"] / times["graphfed"], 3)}
 
@@ -138,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             for batch in BATCHES:
                 cell = measure(model_name, clients, batch, args.steps, args.repeats, args.seed)
                 cells.append(cell)
-                print(f"{model_name:12s} {clients:4d} clients batch {batch:3d}: graphfed {cell['graphfed_s']:.3f} s, "
+                print(f"{model_name:12s} {clients:4d} clients batch {batch:3d}: graphfed {cell['graphfed_s']:.3f} s "
+                      f"({cell['clients_per_chunk']} per chunk), "
                       f"loop {cell['loop_s']:.3f} s, ratio {cell['ratio']:.2f}x", flush=True)
     below = [cell for cell in cells if cell["ratio"] < 1.0]
     result = {"benchmark": "cpu_grid", "torch": torch.__version__, "threads": args.threads, "steps": args.steps,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,13 @@ import pytest
 import torch
 
 from graphfed.config import RunConfig, load_config
+from graphfed.data.federation import ClientSplit
+
+# The real datasets sit beside the project (../shared/data) on developer machines and in CI; graphfed's own default
+# is the user's data folder, so the tests name this one (subprocesses inherit it).
+_SHARED_DATA = (Path(__file__).resolve().parents[1] / ".." / "shared" / "data").resolve()
+if _SHARED_DATA.is_dir():
+    os.environ.setdefault("GRAPHFED_DATA", str(_SHARED_DATA))
 
 #: A federation and training budget small enough for unit tests, big enough to learn something.
 TINY_BASE: list[str] = [
@@ -68,10 +76,10 @@ def read_rounds(out_dir: Path) -> list[dict[str, Any]]:
 
 
 def without_wall_time(record: Any) -> dict[str, Any]:
-    """A run's result (or a round record) minus wall-clock time and peak memory, the only fields allowed to differ
-    between runs."""
+    """A run's result (or a round record) minus wall-clock time, peak memory and the autotune record (its timings,
+    measured or read from the cache), the only fields allowed to differ between runs."""
     fields = record.to_json() if hasattr(record, "to_json") else record
-    return {key: value for key, value in fields.items() if key not in ("wall_seconds", "peak_rss_mb")}
+    return {key: value for key, value in fields.items() if key not in ("wall_seconds", "peak_rss_mb", "execution")}
 
 
 @pytest.fixture(autouse=True)
@@ -93,3 +101,21 @@ def _single_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def model_client_data(name: str, counts: tuple[int, ...], seed: int = 0) -> tuple[Any, ClientSplit]:
+    """A federation shape and client rows any registered model trains on: 12-step series for ``gru``, 20 features for
+    ``mlp``, 3x16x16 images (4 classes) otherwise; ``counts[i]`` rows for client ``i``."""
+    from types import SimpleNamespace
+
+    generator = torch.Generator().manual_seed(seed)
+    if name == "gru":
+        fed = SimpleNamespace(name="series", task="regression", input_shape=(12,), output_dim=3)
+        xs = [torch.randn(count, 12, generator=generator) for count in counts]
+        ys = [x[:, -3:] * 0.5 for x in xs]
+    else:
+        shape = (20,) if name == "mlp" else (3, 16, 16)
+        fed = SimpleNamespace(name="data", task="classification", input_shape=shape, output_dim=4)
+        xs = [torch.randn(count, *shape, generator=generator) for count in counts]
+        ys = [torch.arange(count) % 4 for count in counts]
+    return fed, ClientSplit.from_lists(xs, ys, fed.task)

@@ -17,7 +17,7 @@ BASE: dict[str, Any] = {
     "dataset": {"name": "digits", "num_clients": 6, "novel_fraction": 0.0},
     "model": {"name": "mlp", "options": {"hidden": 16}},
     "train": {"rounds": 4, "clients_per_round": 4, "local_steps": 5, "batch_size": 16, "lr": 0.1, "eval_every": 2,
-              "checkpoint_every": 4},
+              "checkpoint_every": 4, "autotune": False},
 }
 #: a few hundred MNIST rows (from ../shared/data) for the image models
 IMAGES: dict[str, Any] = {"name": "mnist", "num_clients": 4, "client_fraction": 0.01}

@@ -349,3 +349,23 @@ def test_the_paper_report_tables_are_regenerated_from_the_committed_runs() -> No
     assert verdicts and verdicts in committed  # the verdict table on top, from the same rows
     assert committed[:-len(body)].count("## ") == 1  # nothing but the header and the verdicts precede the sections
     assert sum(len(rows) for rows in tables.values()) >= 40  # rows of methods with finished runs
+
+
+def test_the_gpu_suite_holds_the_papers_budgets_as_valid_cells() -> None:
+    """``paper-gpu.yaml`` validates cell by cell (every method exists, every option parses) and holds the papers'
+    budgets: FedAGHN's 200 rounds x 5 epochs on CNN-BN, Panacea's 800 rounds, FLHA-GHN at width 64; each section
+    states its expected time."""
+    from graphfed.setup import resolve_method
+
+    suite = load_suite(PAPER.parent / "paper-gpu.yaml")
+    cells = suite_cells(suite)
+    for cell in cells:
+        resolve_method(cell.config)  # the method's options parse
+        assert cell.config.train.device == "cuda"
+    by_key = {cell.dataset: cell.config for cell in cells}
+    fedaghn = by_key["fedaghn-cifar10-dir0.1"]
+    assert (fedaghn.train.rounds, fedaghn.model.name, fedaghn.train.clients_per_round) == (200, "cnn-bn", 20)
+    assert fedaghn.train.local_steps * fedaghn.train.batch_size >= 5 * 2000  # 5 epochs of ~2,100 images
+    assert by_key["panacea-metr-la"].train.rounds == 800
+    assert by_key["flha-ghn-cifar10"].model.options["width"] == 64
+    assert all("Expected about" in entry.description for entry in suite.datasets.values())

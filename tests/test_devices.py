@@ -9,21 +9,22 @@ training, evaluation and feedback kernels) runs under it.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
+from conftest import model_client_data
 from golden_runs import config_of
 from graphfed.cli import app
 from graphfed.client.contract import ClientRule, ClientSetting, LocalTraining
 from graphfed.client.evaluation import evaluate_clients
 from graphfed.client.placement import DevicelessFactoryAudit, resolve_device
 from graphfed.client.training import train_clients, validation_feedback
-from graphfed.config import ConfigError, load_config, validate_config
+from graphfed.config import ConfigError, RunConfig, load_config, validate_config
 from graphfed.core.params import ParamSpec
-from graphfed.data.federation import ClientSplit
 from graphfed.methods import METHODS
 from graphfed.methods.fedavg import FedAvg
 from graphfed.models import MODELS, build_model
@@ -61,23 +62,9 @@ def test_the_audit_catches_a_tensor_made_without_a_device(monkeypatch: pytest.Mo
         _rounds_under_audit("fedavg")
 
 
-def _data(name: str) -> tuple[SimpleNamespace, ClientSplit]:
-    generator = torch.Generator().manual_seed(0)
-    if name == "gru":
-        fed = SimpleNamespace(name="series", task="regression", input_shape=(12,), output_dim=3)
-        xs = [torch.randn(count, 12, generator=generator) for count in COUNTS]
-        ys = [x[:, -3:] * 0.5 for x in xs]
-    else:
-        shape = (20,) if name == "mlp" else (3, 16, 16)
-        fed = SimpleNamespace(name="data", task="classification", input_shape=shape, output_dim=4)
-        xs = [torch.randn(count, *shape, generator=generator) for count in COUNTS]
-        ys = [torch.arange(count) % 4 for count in COUNTS]
-    return fed, ClientSplit.from_lists(xs, ys, fed.task)
-
-
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_every_model_trains_and_scores_on_a_named_device(name: str) -> None:
-    fed, split = _data(name)
+    fed, split = model_client_data(name, COUNTS)
     torch.manual_seed(0)
     model = build_model(name, fed, {})  # type: ignore[arg-type]
     spec = ParamSpec.from_module(model)
@@ -149,7 +136,7 @@ def test_bf16_autocast_trains_and_scores_close_to_fp32() -> None:
 
 
 def test_bf16_scores_match_fp32_scores_within_bf16_rounding() -> None:
-    fed, split = _data("mlp")
+    fed, split = model_client_data("mlp", COUNTS)
     torch.manual_seed(0)
     model = build_model("mlp", fed, {})  # type: ignore[arg-type]
     spec = ParamSpec.from_module(model)
@@ -168,3 +155,36 @@ def test_deterministic_algorithms_hold_for_the_run_only() -> None:
     strict = run_config(load_config(None, [*FLN, "train.rounds=5", "train.deterministic=true"]), progress=False)
     assert strict.test_mean == plain.test_mean and strict.val_mean == plain.val_mean
     assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_a_flower_node_trains_on_the_device_its_node_config_names(make_config: Callable[..., RunConfig]) -> None:
+    """A SuperNode's ``device`` node config wins over the run config's ``train.device`` (each machine of a deployment
+    names its own accelerator); a device the node lacks, or a value that is not a name, is a one-line ConfigError."""
+    from flwr.app import Context, RecordDict
+
+    from graphfed.config import dump_config
+    from graphfed.flower import client as flower_client
+    from graphfed.flower import protocol
+
+    run_config = {protocol.RUN_CONFIG_KEY: dump_config(make_config("fedavg", "train.device=auto"))}
+
+    def node(**node_config: object) -> Context:
+        return Context(run_id=1, node_id=7, node_config={"partition-id": 2, "num-partitions": 12, **node_config},
+                       state=RecordDict(), run_config=dict(run_config))
+
+    client_id, side = flower_client._client_id(node(device="cpu"))
+    assert client_id == 2 and side.device == torch.device("cpu") and side.federation.train.x.device.type == "cpu"
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"train.device: cuda:3 asked for, but this torch .* finds no CUDA"):
+            flower_client._client_id(node(device="cuda:3"))
+    with pytest.raises(ConfigError, match=r"node config device=4: give a device name"):
+        flower_client._client_id(node(device=4))
+
+
+def test_flower_app_prints_the_simulation_resources_of_the_config(tmp_path: Path) -> None:
+    """``flower.client_cpus`` / ``flower.client_gpus`` (GPU fractions allowed) reach the printed `flwr run`
+    command that starts Flower's simulation engine."""
+    result = CliRunner().invoke(app, ["flower-app", "configs/demo_fl60.yaml", "--out", str(tmp_path / "app"),
+                                      "--set", "flower.client_gpus=0.25", "--set", "flower.client_cpus=2"])
+    assert result.exit_code == 0, result.output
+    assert "client-resources-num-cpus=2 client-resources-num-gpus=0.25" in " ".join(result.output.split())

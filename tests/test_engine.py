@@ -192,7 +192,7 @@ def test_nan_update_stops_the_run_and_keeps_the_last_checkpoint(make_config: Con
     inject_nan(monkeypatch, NAN_ROUND_INDEX, row=1)
     summary = run_config(cfg, tmp_path / "run", progress=False)
     assert summary.status.startswith("stopped")
-    assert f"[{victim}]" in summary.status
+    assert summary.status.endswith(f"update from client(s) {victim}")  # fln's clients are named by their index
     assert "non-finite" in summary.status
     assert runs.read_result(tmp_path / "run") == summary
     assert (tmp_path / "run" / "plots" / "curves.png").stat().st_size > 0
@@ -225,13 +225,16 @@ def test_check_update_rejects_wrong_shapes() -> None:
 
 
 def test_check_update_names_every_non_finite_client() -> None:
-    """NaN and Inf rows raise NonFiniteUpdateError listing exactly those clients' ids."""
+    """NaN and Inf rows raise NonFiniteUpdateError listing exactly those clients, by name when names are known."""
     ids = torch.tensor([2, 5, 7, 9])
     delta = torch.zeros(4, 6)
     delta[1, 3] = float("nan")
     delta[3, 0] = float("inf")
-    with pytest.raises(NonFiniteUpdateError, match=r"client\(s\) \[5, 9\]"):
+    with pytest.raises(NonFiniteUpdateError, match=r"client\(s\) 5, 9$"):
         check_update(delta, ids, 6, 0)
+    names = [f"hospital-{chr(ord('a') + i)}" for i in range(10)]
+    with pytest.raises(NonFiniteUpdateError, match=r"client\(s\) hospital-f, hospital-j$"):
+        check_update(delta, ids, 6, 0, names)
 
 
 @pytest.mark.parametrize("reshape", ["one_value_short", "one_client_only"])

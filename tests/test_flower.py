@@ -41,7 +41,8 @@ def grid_for(config: RunConfig, seed: int = 0) -> InProcessGrid:
 
 
 def comparable(summary: RunResult) -> dict[str, Any]:
-    return {k: v for k, v in without_wall_time(summary).items() if k not in FLOWER_FIELDS}
+    # models stay on Flower's nodes: only the simulator saves them (models_note says which)
+    return {k: v for k, v in without_wall_time(summary).items() if k not in (*FLOWER_FIELDS, "models_note")}
 
 
 @pytest.mark.parametrize("method", [*single_architecture_methods(), "pfedgat-loss-only"])

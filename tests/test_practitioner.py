@@ -270,7 +270,8 @@ def test_the_config_module_imports_no_registry() -> None:
     imported = {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)}
     imported |= {alias.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Import)
                  for alias in node.names}
-    assert {name for name in imported if name and name.startswith("graphfed")} == {"graphfed.errors"}
+    # the error root and the user's folders, both below everything
+    assert {name for name in imported if name and name.startswith("graphfed")} == {"graphfed.errors", "graphfed.paths"}
 
 
 # ---- a fixed split: the spread over seeds is training randomness only --------------------------------------------

@@ -485,7 +485,7 @@ def test_a_run_too_large_for_memory_stops_before_allocating(demo_config: Path, t
     with exit 2 and one line giving the sizes and what to change."""
     from graphfed.core import memory
 
-    monkeypatch.setattr(memory, "available_memory_bytes", lambda: 2**14)  # a machine with 16 KiB free
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda device=None: 2**14)  # a machine with 16 KiB free
     result = invoke("run", demo_config, "--set", "dataset.name=digits", "--set", "dataset.num_clients=10",
                     "--set", "method.name=fedaghn", "--out", tmp_path / "out", "--no-progress")
     assert result.exit_code == 2, result.output
@@ -501,6 +501,6 @@ def test_a_dense_fl_n_graph_too_large_names_the_sparse_option(monkeypatch: pytes
     from graphfed.data import build_federation
 
     build_federation(DatasetConfig(name="fln", num_clients=300, graph_knn=5), seed=0)  # fits anywhere
-    monkeypatch.setattr(memory, "available_memory_bytes", lambda: 2**20)
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda device=None: 2**20)
     with pytest.raises(ConfigError, match=r"dense.*needs .* GiB.*use dataset.graph_knn"):
         build_federation(DatasetConfig(name="fln", num_clients=300), seed=0)

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -229,6 +230,67 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
     console.print(f"table: {out / 'compare.md'}, curves: {out / 'compare.png'}")
 
 
+@app.command("show")
+def show_run(run_dir: Annotated[Path, typer.Argument(help="a run directory (holds summary.json)")],
+             show_all: Annotated[bool, typer.Option("--all", help="every client, not the first 50")] = False) -> None:
+    """A run's result: its headline and each client's score beside its trivial predictor (who gains, who loses)."""
+    from graphfed.report.tables import per_client_table
+    from graphfed.runs import SUMMARY, read_result
+
+    if not (run_dir / SUMMARY).is_file():
+        _fail(f"{run_dir}: no {SUMMARY} (not a finished run directory)", EXIT_CONFIG)
+    result = read_result(run_dir)
+    scale = 100.0 if result.metric == "accuracy" else 1.0
+    headline = "—" if result.test_mean is None else f"{scale * result.test_mean:.4g}"
+    trivial = "—" if result.trivial_test_mean is None else f"{scale * result.trivial_test_mean:.4g}"
+    console.print(f"{result.method} on {result.dataset} (seed {result.seed}): {result.status}; test {headline} "
+                  f"at round {result.best_round} of {result.rounds}; trivial predictors {trivial}")
+    if result.stopped_early:
+        console.print(f"stopped early at round {result.stopped_early['round']} (patience "
+                      f"{result.stopped_early['patience']})")
+    if not result.per_client:
+        console.print("no per-client scores (a run written by an older graphfed)")
+        return
+    show(per_client_table(result, None if show_all else 50))
+
+
+@app.command("export")
+def export_command(run_dir: Annotated[Path, typer.Argument(help="a run directory (holds models/best.pt)")],
+                   client: Annotated[str, typer.Option("--client", help="the client's name (graphfed show)")],
+                   out: Annotated[Path, typer.Option("--out", help="the file to write (.pt)")]) -> None:
+    """One client's trained model as a standalone PyTorch state_dict plus the config that rebuilds it."""
+    from graphfed.export import export_client
+
+    console.print(f"wrote {export_client(run_dir, client, out)} (graphfed.export.load_exported rebuilds the module)")
+
+
+@app.command("predict")
+def predict_command(run_dir: Annotated[Path, typer.Argument(help="a run directory (holds models/best.pt)")],
+                    client: Annotated[str, typer.Option("--client", help="the client's name (graphfed show)")],
+                    rows: Annotated[Path, typer.Option("--input", help="rows.csv (a header, then numbers) or an "
+                                                       ".npz with 'x'")],
+                    out: Annotated[Path, typer.Option("--out", help="predictions CSV")]) -> None:
+    """The client's model on new rows: the predicted class and its probabilities, or the regression outputs."""
+    import numpy as np
+
+    from graphfed.export import client_state, predict, read_rows, rebuild
+    from graphfed.runs import atomic_write_text
+
+    state, model, _ = client_state(run_dir, client)
+    outputs = predict(rebuild(model, state), read_rows(rows, tuple(model["input_shape"])))
+    if model["task"] == "classification":
+        probabilities = outputs.softmax(dim=-1).numpy()
+        header = ["prediction", *[f"p{k}" for k in range(probabilities.shape[1])]]
+        table = np.column_stack([probabilities.argmax(axis=1), probabilities])
+        lines = [",".join(header)] + [",".join([str(int(row[0])), *[f"{v:.6g}" for v in row[1:]]]) for row in table]
+    else:
+        values = outputs.reshape(len(outputs), -1).numpy()
+        lines = [",".join(f"y{k}" for k in range(values.shape[1]))] + [",".join(f"{v:.6g}" for v in row)
+                                                                        for row in values]
+    atomic_write_text(out, "\n".join(lines) + "\n")
+    console.print(f"wrote {len(outputs)} predictions of client {client} to {out}")
+
+
 @app.command("flower-app")
 def flower_app(config: Annotated[Path, typer.Argument(help="YAML run config")],
                out: Annotated[Path, typer.Option(help="folder to write the Flower App into")],
@@ -243,7 +305,9 @@ def flower_app(config: Annotated[Path, typer.Argument(help="YAML run config")],
     cfg = _load(config, overrides)
     path = write_app_folder(cfg, out, results)
     console.print(f"wrote {path}\n  local simulation: flwr run {out} --federation-config "
-                  f"\"num-supernodes={cfg.dataset.num_clients or 'N'} client-resources-num-cpus=1\" --stream\n"
+                  f"\"num-supernodes={cfg.dataset.num_clients or 'N'} "
+                  f"client-resources-num-cpus={cfg.flower.client_cpus:g} "
+                  f"client-resources-num-gpus={cfg.flower.client_gpus:g}\" --stream\n"
                   f"  deployment: see README, section 'Flower'")
 
 
@@ -381,6 +445,87 @@ def arch_graph_command(
         from graphfed.report.plots import plot_arch_graph
 
         console.print(f"drew {plot_arch_graph(graph, draw, title=label)}")
+
+
+data_app = _Commands(no_args_is_help=True, pretty_exceptions_enable=False,
+                     help="The papers' public datasets: what is where, and fetching them in their published formats.")
+app.add_typer(data_app, name="data")
+
+
+configs_app = _Commands(no_args_is_help=True, pretty_exceptions_enable=False,
+                        help="The configs shipped with graphfed: list them, copy one to edit.")
+app.add_typer(configs_app, name="configs")
+
+
+@configs_app.command("list")
+def configs_list() -> None:
+    """The packaged configs (usable by name anywhere: graphfed run demo)."""
+    from graphfed.config import CONFIG_ALIASES, packaged_configs
+
+    table = Table(title="packaged configs (graphfed run NAME)")
+    for header in ("name", "also", "what"):
+        table.add_column(header)
+    aliases = {file: alias for alias, file in CONFIG_ALIASES.items()}
+    for name, path in packaged_configs().items():
+        first = path.read_text(encoding="utf-8").splitlines()[0].lstrip("# ") if path.stat().st_size else ""
+        table.add_row(path.stem, aliases.get(name, ""), first)
+    show(table)
+
+
+@configs_app.command("copy")
+def configs_copy(name: Annotated[str, typer.Argument(help="a packaged config (graphfed configs list)")],
+                 to: Annotated[Path, typer.Option("--to", help="where to write it")] = Path(".")) -> None:
+    """Copy a packaged config next to you, to edit."""
+    from graphfed.config import packaged_configs, resolve_config_path
+    from graphfed.runs import atomic_write_text
+
+    source = resolve_config_path(name)
+    if source.resolve().parent != next(iter(packaged_configs().values()), source).resolve().parent:
+        _fail(f"no packaged config {name!r}; packaged: {', '.join(p.stem for p in packaged_configs().values())}",
+              EXIT_CONFIG)
+    target = to / source.name if to.is_dir() else to
+    if target.exists():
+        _fail(f"{target} exists; give --to another path", EXIT_CONFIG)
+    atomic_write_text(target, source.read_text(encoding="utf-8"))
+    console.print(f"wrote {target}")
+
+
+def _data_dir(folder: Path | None) -> Path:
+    from graphfed.config import DatasetConfig
+
+    return folder if folder is not None else DatasetConfig().resolved_data_dir()
+
+
+@data_app.command("list")
+def data_list(data_dir: Annotated[Path | None, typer.Option("--data-dir", help="default: $GRAPHFED_DATA, else the "
+                                                            "per-user data folder")] = None) -> None:
+    """Each dataset: present / missing / corrupt (checksum), its size, where it is read from, how to fetch it."""
+    from graphfed.data.fetch import list_data
+
+    folder = _data_dir(data_dir)
+    table = Table(title=f"datasets in {folder}")
+    for header in ("folder", "dataset.name", "status", "size", "detail", "fetch"):
+        table.add_column(header)
+    for row in list_data(folder):
+        table.add_row(row.folder, row.dataset or "—", row.status, f"{row.size_bytes / 2**20:,.1f} MiB", row.detail,
+                      row.command)
+    show(table)
+
+
+@data_app.command("fetch")
+def data_fetch(name: Annotated[str, typer.Argument(help="mnist, fashion-mnist, cifar10, cifar100, metr-la, "
+                                                   "pems-bay, tpt48 or femnist")],
+               to: Annotated[Path | None, typer.Option("--to", help="the data folder (default: $GRAPHFED_DATA, else "
+                                                       "the per-user data folder)")] = None,
+               progress: Annotated[bool, typer.Option(help="a progress bar per file")] = True,
+               timeout: Annotated[float, typer.Option(help="seconds to wait for a server")] = 30.0) -> None:
+    """Download a dataset from its publisher (resumable, checksum-verified) into the data folder."""
+    from graphfed.data.fetch import fetch
+
+    folder = _data_dir(to)
+    for line in fetch(name, folder, progress=progress and sys.stderr.isatty(), timeout=timeout):
+        console.print(line)
+    console.print(f"{name}: ready in {folder}")
 
 
 @app.command("list")

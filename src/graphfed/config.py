@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import importlib.resources
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path
@@ -50,6 +50,11 @@ class DatasetConfig(_Strict):
     partition: Literal["iid", "pathological", "dirichlet"] = "dirichlet"
     dirichlet_beta: float = Field(default=0.5, gt=0)
     classes_per_client: int = Field(default=2, ge=1)
+    labels: Literal["fine", "coarse"] = Field(default="fine", description="cifar100: its 100 fine classes or its 20 "
+                                              "coarse superclasses")
+    window: str | None = Field(default=None, pattern=r"^\d{4}-\d{2}-\d{2}\.\.\d{4}-\d{2}-\d{2}$",
+                               description="metr-la / pems-bay: the days used, FIRST..END (END excluded), e.g. "
+                               "2012-03-01..2012-03-08 (default: the whole recording)")
     min_samples_per_client: int = Field(default=10, ge=1)
     client_fraction: float | None = Field(default=None, gt=0.0, le=1.0, description="partitioned datasets: each "
                                           "client keeps this share of all rows (FLHA-GHN's 'local data %'; the "
@@ -64,7 +69,9 @@ class DatasetConfig(_Strict):
                                                    "the dataset's own (given), none (graph methods infer one from "
                                                    "updates), or knn over the clients' data summaries")
     graph_k: int = Field(default=5, ge=1, description="graph=knn: neighbours per client")
-    data_dir: str | None = Field(default=None, description="default: $GRAPHFED_DATA, then ../shared/data")
+    data_dir: str | None = Field(default=None, description="default: $GRAPHFED_DATA, else the per-user data folder "
+                                 "(platformdirs; ~/.local/share/graphfed on Linux), where graphfed data fetch puts "
+                                 "datasets")
     graph_knn: int = Field(default=0, ge=0, description="fl60/fln: link each client to its k nearest clients by "
                            "angle, a sparse graph for large N (0 = the paper's dense Bernoulli graph)")
     graph_threshold: float = Field(default=0.1, ge=0.0, le=1.0, description="weighted client graphs (metr-la-week):"
@@ -90,9 +97,9 @@ class DatasetConfig(_Strict):
     def resolved_data_dir(self) -> Path:
         if self.data_dir:
             return Path(self.data_dir).expanduser()
-        if os.environ.get("GRAPHFED_DATA"):
-            return Path(os.environ["GRAPHFED_DATA"]).expanduser()
-        return Path("../shared/data")
+        from graphfed.paths import user_data_dir
+
+        return user_data_dir()
 
 
 class ModelConfig(_Strict):
@@ -145,6 +152,32 @@ class TrainConfig(_Strict):
     deterministic: bool = Field(default=False, description="deterministic algorithms only "
                                 "(torch.use_deterministic_algorithms): the same numbers on the same GPU, at some "
                                 "speed; CPU runs are deterministic either way")
+    metrics: list[Literal["balanced_accuracy", "macro_f1", "auroc", "auprc", "sensitivity", "specificity", "rmse",
+                          "mae"]] = Field(default_factory=list, description="metrics scored per client beside "
+                                          "accuracy / MSE, by scikit-learn from each client's predictions: "
+                                          "balanced_accuracy, macro_f1, auroc, auprc (binary, or one-vs-rest "
+                                          "macro), sensitivity, specificity (binary, at train.threshold); rmse, mae")
+    threshold: float = Field(default=0.5, gt=0.0, lt=1.0, description="binary tasks: the probability of class 1 "
+                             "above which a row counts as positive (sensitivity, specificity)")
+    select_by: str | None = Field(default=None, description="the validation metric that picks the reported round: "
+                                  "accuracy / mse (default) or one of train.metrics")
+    patience: int | None = Field(default=None, ge=1, description="early stopping: stop after this many evaluations "
+                                 "in a row without a validation score better than the best by more than min_delta "
+                                 "(default: never stop early)")
+    min_delta: float = Field(default=0.0, ge=0.0, description="early stopping: the least validation improvement that "
+                             "counts (in the metric's units: 0.01 = one accuracy point)")
+    autotune: bool = Field(default=True, description="measure at run start how many clients train at once fastest "
+                           "on this machine (convolutional models; cached per shape and device, recorded in the "
+                           "summary's execution); false: each model's declared chunk size")
+    clients_per_chunk: int | None = Field(default=None, ge=1, description="pin how many clients train at once "
+                                          "(overrides autotune; e.g. to reproduce another machine's run exactly)")
+
+    @model_validator(mode="after")
+    def _select_by_a_scored_metric(self) -> TrainConfig:
+        if self.select_by is not None and self.select_by not in ("accuracy", "mse", *self.metrics):
+            raise ValueError(f"train.select_by: {self.select_by!r} is not scored; use accuracy, mse or one of "
+                             f"train.metrics ({', '.join(self.metrics) or 'none given'})")
+        return self
 
     @model_validator(mode="after")
     def _late_clients_join_during_the_run(self) -> TrainConfig:
@@ -162,6 +195,10 @@ class FlowerConfig(_Strict):
     min_nodes: int | None = Field(default=None, ge=1, description="nodes to wait for before round 1 "
                                   "(default: one per client)")
     node_wait_timeout: float = Field(default=300.0, ge=0, description="seconds to wait for min_nodes")
+    client_cpus: float = Field(default=1.0, gt=0, description="Flower's simulation engine: CPU cores each virtual "
+                               "node's ClientApp reserves (client-resources-num-cpus)")
+    client_gpus: float = Field(default=0.0, ge=0, description="Flower's simulation engine: the share of a GPU each "
+                               "virtual node reserves (client-resources-num-gpus; 0.25 = four nodes per GPU)")
 
 
 #: attacks that rewrite what a malicious client uploads (``attacks.poisoning``); the others rewrite its training data
@@ -269,9 +306,33 @@ def parse_override(text: str, flag: str = "--set", example: str = "train.rounds=
     return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
 
 
+#: short names of the configs shipped inside the package (``graphfed run demo``)
+CONFIG_ALIASES = {"demo": "demo_fl60.yaml", "flha": "flha_cifar10.yaml"}
+
+
+def packaged_configs() -> dict[str, Path]:
+    """The configs shipped inside the package: file name -> path (they work from an installed wheel anywhere)."""
+    folder = Path(str(importlib.resources.files("graphfed") / "configs"))
+    return {path.name: path for path in sorted(folder.glob("*.yaml"))} if folder.is_dir() else {}
+
+
+def resolve_config_path(path: str | Path) -> Path:
+    """``path`` when it is a file; else the packaged config it names (``demo``, ``demo_fl60``,
+    ``configs/demo_fl60.yaml``), so the README's commands work from an installed wheel in an empty folder."""
+    given = Path(path)
+    if given.is_file():
+        return given
+    name = CONFIG_ALIASES.get(str(path), given.name if given.suffix else f"{given.name}.yaml")
+    shipped = packaged_configs()
+    if name in shipped and (given.parent in (Path("."), Path("configs"))):
+        return shipped[name]
+    return given
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Read a YAML config (or start from defaults), apply ``--set`` overrides, validate once."""
-    data = read_yaml_mapping(Path(path), "config file") if path is not None else {}
+    """Read a YAML config (a file, or a packaged config by name: :func:`resolve_config_path`; or start from
+    defaults), apply ``--set`` overrides, validate once."""
+    data = read_yaml_mapping(resolve_config_path(path), "config file") if path is not None else {}
     return validate_config(apply_overrides(data, overrides or []))
 
 

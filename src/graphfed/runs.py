@@ -94,6 +94,49 @@ class RoundLog:
         return records
 
 
+MODELS_DIR = "models"
+BEST_MODELS = "best.pt"
+
+
+def save_models(out_dir: Path, weights: torch.Tensor, client_names: list[str], selected_round: int,
+                model: dict[str, Any]) -> Path:
+    """``models/best.pt``: every client's personalised weights ``[N, dim]`` (flat, in the model's parameter order)
+    as the run scored them at ``selected_round``, with what rebuilds the network (``model``: name, options, input
+    shape, output size, task, parameter names and shapes). Plain tensors, strings and numbers only, so it loads
+    with ``torch.load(weights_only=True)``."""
+    buffer = io.BytesIO()
+    torch.save({"weights": weights.detach().to("cpu", torch.float32).contiguous(), "client_names": list(client_names),
+                "round": int(selected_round), "model": model}, buffer)
+    path = out_dir / MODELS_DIR / BEST_MODELS
+    atomic_write_bytes(path, buffer.getvalue())
+    return path
+
+
+def load_models(run_dir: Path) -> tuple[torch.Tensor, list[str], int, dict[str, Any]]:
+    """``(weights [N, dim], client names, selected round, model record)`` of ``models/best.pt``, never unpickled;
+    UntrustedInputError (one line naming the file) for anything else."""
+    path = run_dir / MODELS_DIR / BEST_MODELS
+    if not path.is_file():
+        raise UntrustedInputError(f"{path}: no saved models (a run from an older graphfed, a Flower run, or a method "
+                                  f"whose clients evaluate a network of their own; see the summary's models_note)")
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise UntrustedInputError(f"{path}: not a graphfed models file ({type(error).__name__})") from None
+    weights, names, selected, model = (saved.get(key) if isinstance(saved, dict) else None
+                                       for key in ("weights", "client_names", "round", "model"))
+    if not (isinstance(weights, torch.Tensor) and weights.ndim == 2 and isinstance(names, list)
+            and len(names) == weights.shape[0] and all(isinstance(name, str) for name in names)
+            and isinstance(selected, int) and isinstance(model, dict)):
+        raise UntrustedInputError(f"{path}: not a graphfed models file (weights, client_names, round, model)")
+    shapes = model.get("param_shapes")
+    if not isinstance(shapes, list) or sum(math.prod(shape) for shape in shapes) != weights.shape[1]:
+        raise UntrustedInputError(f"{path}: the parameter shapes do not add up to the {weights.shape[1]} weights")
+    if not torch.isfinite(weights).all():
+        raise UntrustedInputError(f"{path}: non-finite weights")
+    return weights, names, selected, model
+
+
 GRAPHS_DIR = "graphs"
 
 
@@ -226,6 +269,18 @@ class RunResult(BaseModel):
     defense: dict[str, Any] = {}
     # -- the run
     best_round: int | None = None
+    #: every client by name at ``best_round``: ``val``, ``test``, ``trivial_test`` (its majority-class / mean-target
+    #: predictor fitted on its training rows), ``novel`` and, under attack, ``malicious``
+    per_client: dict[str, dict[str, Any]] | None = None
+    trivial_test_mean: float | None = None  #: the trivial predictors' test mean over the training clients
+    #: ``train.metrics`` at ``best_round``: ``{metric: {"val_mean", "test_mean"}}`` (means over the training clients
+    #: that define it; each client's value is in ``per_client``)
+    metrics: dict[str, dict[str, float | None]] | None = None
+    select_by: str | None = None  #: the validation metric that chose ``best_round``
+    #: why ``models/best.pt`` was not written (None: it holds every client's model at ``best_round``)
+    models_note: str | None = None
+    #: ``{"round", "patience", "min_delta"}`` when early stopping ended the run before ``train.rounds``
+    stopped_early: dict[str, Any] | None = None
     final_test_mean: float | None = None
     rounds: int = 0
     num_clients: int | None = None
@@ -244,6 +299,8 @@ class RunResult(BaseModel):
     peak_rss_mb: float | None = None
     torch_threads: int | None = None
     device: str | None = None  #: where the run computed (``train.device`` resolved, e.g. "cpu", "cuda:0")
+    #: per architecture: how many clients trained at once and why (``graphfed.client.autotune``)
+    execution: dict[str, Any] | None = None
     notes: list[str] = []
     #: the code that produced these numbers (``graphfed.provenance``); None in summaries older than provenance
     code: dict[str, Any] | None = None

@@ -9,16 +9,19 @@ name or the raw options again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from graphfed.attacks import Attack, build_attack
 from graphfed.attacks.defenses import SimpleTuning
+from graphfed.client.autotune import choose_clients_per_chunk
 from graphfed.client.contract import ClientRule, ClientSetting, LocalTraining
 from graphfed.client.executor import ArchitectureRuntime, ClientExecutor, ClientRuntime, ClientStateStore
 from graphfed.client.placement import resolve_device
 from graphfed.config import RunConfig
 from graphfed.core import rng
+from graphfed.core.memory import check_fits
 from graphfed.core.params import ParamSpec
 from graphfed.data import build_federation
 from graphfed.data.federation import Federation
@@ -97,7 +100,13 @@ class ClientSide:
         and the clients' data move to ``device`` (default: ``train.device``)."""
         device = resolve_device(config.train.device) if device is None else device
         attack = build_attack(config.attack, federation, config.seed)
-        federation = attack.poison(federation).to(device)
+        federation = attack.poison(federation)
+        if device.type != "cpu":  # every client's rows live on the device: stop before round 1 if they cannot
+            rows = (federation.train, federation.val, federation.test)
+            check_fits(sum(split.x.nbytes + split.y.nbytes for split in rows), "the federation's rows on "
+                       f"{device}", "use fewer clients or a smaller dataset (dataset.client_fraction), or "
+                       "train.device=cpu", device)
+        federation = federation.to(device)
         torch.manual_seed(rng.stream_seed(config.seed, 0, "init"))
         if config.model.architectures is None:
             model = build_model(config.model.name, federation, config.model.options).to(device)
@@ -129,6 +138,20 @@ class ClientSide:
                                  self.simple_tuning())
         return ArchitectureRuntime(self.family, self.networks, self.rules, self.federation, seed, self.spec.dim,
                                    client_ids, self.attack)
+
+    def plan_execution(self, clients_at_once: int) -> dict[str, Any]:
+        """Sets how many clients each network trains at once (``train.clients_per_chunk``, else measured when
+        ``train.autotune``; :mod:`graphfed.client.autotune`) and returns the record the summary keeps."""
+        train = self.config.train
+        networks = self.networks or [self.model]
+        names = self.family.names if self.family is not None else [self.config.model.name]
+        choices: dict[str, Any] = {}
+        for name, network, rule in zip(names, networks, self.rules, strict=True):
+            choice = choose_clients_per_chunk(network, ParamSpec.from_module(network), self.federation.train, rule,
+                                              clients_at_once, train.autotune, train.clients_per_chunk)
+            network.clients_per_chunk = choice.clients_per_chunk
+            choices[name] = choice.record()
+        return choices
 
     def simple_tuning(self) -> SimpleTuning | None:
         """The Simple-Tuning defence of ``defense:``, if on (one architecture only: the config checks it)."""

@@ -146,3 +146,24 @@ def _block_outputs(model: TargetModel, spec: ParamSpec, weights: torch.Tensor, b
     block_weights = spec.unflatten(weights[block.owner])
     outputs = forward(block_weights, block.x, block.owner) if forward is not None else None
     return model.batched_forward(block_weights, block.x) if outputs is None else outputs
+
+
+def trivial_scores(train: ClientSplit, test: ClientSplit, task: Task, num_classes: int) -> torch.Tensor:
+    """``[N]`` each client's test metric of the trivial predictor fitted on its own training rows: its majority
+    class (ties: the smaller label) for classification, its mean target for regression (MSE). The reference a
+    personalised model must beat to be worth anything; NaN for a client without training or test rows."""
+    n, device = train.num_clients, train.y.device
+    owner, rows = train.row_owners()
+    test_owner, test_rows = test.row_owners()
+    if task == "classification":
+        histogram = torch.zeros(n * num_classes, device=device)
+        histogram.index_add_(0, owner * num_classes + train.y[rows], torch.ones(len(rows), device=device))
+        majority = histogram.view(n, num_classes).argmax(dim=1)  # the first maximum: the smaller label on ties
+        per_row = (test.y[test_rows] == majority[test_owner]).to(torch.float32)
+    else:
+        sums = torch.zeros(n, *train.y.shape[1:], device=device).index_add_(0, owner, train.y[rows])
+        mean = sums / train.counts.clamp_min(1).view(-1, *[1] * (train.y.ndim - 1))
+        per_row = (test.y[test_rows] - mean[test_owner]).pow(2).flatten(1).mean(dim=1)
+    total = torch.zeros(n, device=device).index_add_(0, test_owner, per_row)
+    scores = total / test.counts.clamp_min(1)
+    return torch.where((train.counts > 0) & (test.counts > 0), scores, torch.nan).cpu()

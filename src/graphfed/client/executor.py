@@ -21,8 +21,10 @@ from graphfed.models.base import TargetModel
 from graphfed.models.family import ArchitectureFamily
 
 
-def check_update(update: torch.Tensor, client_ids: torch.Tensor, dim: int, round_index: int) -> None:
-    """Reject wrong-shaped or non-finite client weights/updates, naming the offending clients.
+def check_update(update: torch.Tensor, client_ids: torch.Tensor, dim: int, round_index: int,
+                 client_names: list[str] | None = None) -> None:
+    """Reject wrong-shaped or non-finite client weights/updates, naming the offending clients (by name when
+    ``client_names`` is given, as every other message does).
 
     ``round_index`` is 0-based; messages number rounds from 1, as ``rounds.jsonl`` does.
     """
@@ -31,8 +33,9 @@ def check_update(update: torch.Tensor, client_ids: torch.Tensor, dim: int, round
                                  f"({len(client_ids)}, {dim}) expected")
     bad = ~torch.isfinite(update).all(dim=1)
     if bad.any():
+        culprits = [client_names[i] if client_names is not None else str(i) for i in client_ids[bad].tolist()]
         raise NonFiniteUpdateError(f"round {round_index + 1}: non-finite (NaN/Inf) update from client(s) "
-                                   f"{client_ids[bad].tolist()}")
+                                   f"{', '.join(culprits)}")
 
 
 @dataclass
@@ -145,6 +148,13 @@ class ClientRuntime(ClientExecutor):
         self.device = federation.train.x.device
         self.store = store if store is not None else ClientStateStore(torch.arange(federation.num_clients,
                                                                                    device="cpu"), self.device)
+        self.evaluated_weights: torch.Tensor | None = None
+
+    @property
+    def exports_plain_models(self) -> bool:
+        """Whether each client's scored model is the target network with its own weights (what ``models/`` saves);
+        not where the rule evaluates another network or its own forward (FedRoD's two heads, FedCP's mixing...)."""
+        return not (self.rule.has_evaluation_network or self.rule.has_eval_forward)
 
     def runtime_of(self, client_id: int) -> ClientRuntime:
         return self
@@ -168,7 +178,8 @@ class ClientRuntime(ClientExecutor):
         trained, metrics, new_state = train_clients(self.model, self.spec, start,
                                                     self.federation.train.select(client_ids), rule, seeds, state,
                                                     broadcast)
-        check_update(trained, client_ids, self.spec.dim, round_index)  # before any arithmetic broadcasts it
+        # before any arithmetic broadcasts it
+        check_update(trained, client_ids, self.spec.dim, round_index, self.federation.client_names)
         if purpose == "local_training":
             self.store.put(client_ids, new_state)
         if self.training.feedback != "none" and purpose == "local_training":
@@ -215,6 +226,7 @@ class ClientRuntime(ClientExecutor):
 
     def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int) -> dict[str, ClientScores]:
         weights = self.evaluation_weights(client_ids, weights, round_index)
+        self.evaluated_weights = weights  # what the clients just scored with (the run saves its best: models/)
         model, spec = self.model, self.spec
         # only rules that evaluate another network pay for the per-client seed streams (N of them per evaluation)
         if self.rule.has_evaluation_network:

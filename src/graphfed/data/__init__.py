@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from graphfed.config import ConfigError, DatasetConfig, printable
-from graphfed.data.datasets import digits, femnist, fl_n, folder, images, metr_la, tpt48
+from graphfed.data.datasets import digits, femnist, fl_n, folder, images, metr_la, tpt48, traffic_h5
 from graphfed.data.federation import ClientSplit, Federation
 from graphfed.data.graphs import choose_novel_clients, knn_graph
 from graphfed.data.registry import (
@@ -33,13 +33,13 @@ __all__ = ["DATASETS", "ClientSplit", "DatasetInfo", "Federation", "Streams", "b
            "federation_from_clients", "register_dataset"]
 
 #: the built-in dataset modules, each with its REGISTRY of names
-BUILTIN = (digits, fl_n, tpt48, images, femnist, folder, metr_la)
+BUILTIN = (digits, fl_n, tpt48, images, femnist, folder, metr_la, traffic_h5)
 for _module in BUILTIN:
     for _info in _module.REGISTRY:
         register_dataset(_info.name, _info.build, _info.task, _info.description)
 
 #: datasets whose clients are dealt rows from a pool (what ``dataset.client_fraction`` scales)
-PARTITIONED = ("digits", "mnist", "fashion-mnist", "cifar10")
+PARTITIONED = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100")
 
 
 def build_federation(cfg: DatasetConfig, seed: int) -> Federation:

@@ -15,6 +15,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from graphfed.client.executor import ArchitectureRuntime, ClientRuntime
+from graphfed.client.placement import resolve_device
 from graphfed.config import validate_config
 from graphfed.data import build_federation
 from graphfed.errors import ConfigError, UntrustedInputError
@@ -25,17 +26,23 @@ client_app = ClientApp()
 
 
 @functools.lru_cache(maxsize=2)
-def _client_side(config_yaml: str) -> ClientSide:
-    """Config, method, networks, client rules and data for a run, built once per process (the config text is the
-    cache key)."""
+def _client_side(config_yaml: str, node_device: str | None = None) -> ClientSide:
+    """Config, method, networks, client rules and data for a run, built once per process (the config text and the
+    node's device are the cache key). ``node_device``: the SuperNode's node config ``device``, which wins over the
+    run config's ``train.device`` (each machine of a deployment names its own accelerator)."""
     config = validate_config(yaml.safe_load(config_yaml))
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
-    return ClientSide.build(config, build_federation(config.dataset, config.seed), resolve_method(config))
+    device = resolve_device(node_device) if node_device is not None else None
+    return ClientSide.build(config, build_federation(config.dataset, config.seed), resolve_method(config), device)
 
 
 def _client_id(context: Context) -> tuple[int, ClientSide]:
-    side = _client_side(str(context.run_config[protocol.RUN_CONFIG_KEY]))
+    node_device = context.node_config.get(protocol.DEVICE_KEY)
+    if node_device is not None and not isinstance(node_device, str):
+        raise ConfigError(f"node config {protocol.DEVICE_KEY}={node_device!r}: give a device name "
+                          f"(auto, cpu, cuda, cuda:N, mps)")
+    side = _client_side(str(context.run_config[protocol.RUN_CONFIG_KEY]), node_device)
     if protocol.PARTITION_KEY not in context.node_config:
         raise ConfigError("this SuperNode has no node config 'partition-id'; start it with "
                          "--node-config \"partition-id=<client id> num-partitions=<clients>\"")

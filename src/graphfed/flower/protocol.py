@@ -21,6 +21,8 @@ from graphfed.client.evaluation import SCORE_FIELDS, ClientScores
 RUN_CONFIG_KEY = "graphfed-config"  # the resolved graphfed YAML, in the Flower run config
 OUT_DIR_KEY = "out-dir"  # where the ServerApp writes summary.json etc. ("" = nowhere)
 PARTITION_KEY = "partition-id"
+#: a SuperNode's own ``train.device`` (node config ``device=cuda:1``), over the run config's
+DEVICE_KEY = "device"
 
 
 def weights_record(weights: torch.Tensor) -> ArrayRecord:

@@ -33,7 +33,7 @@ class PersonalizedAggregation(Method):
         n = context.num_clients
         check_fits(2 * n * context.spec.dim * 4, f"{self.name}: every client's latest model and update on the server "
                    f"({n:,} clients x {context.spec.dim:,} parameters x 2)",
-                   "use fewer clients (dataset.num_clients) or a smaller model (model.options)")
+                   "use fewer clients (dataset.num_clients) or a smaller model (model.options)", context.device)
         self.num_layers = len(layer_bounds(context.spec))
         self.client_weights = context.init_weights.unsqueeze(0).repeat(n, 1)  # theta_j: latest local models
         self.latest_delta = torch.zeros(n, context.spec.dim)  # each client's most recent update

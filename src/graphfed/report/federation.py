@@ -57,8 +57,10 @@ def graph_stats(adjacency: torch.Tensor | np.ndarray, names: Sequence[str]) -> G
         weight_max=float(weights.max()) if len(weights) else 0.0)
 
 
-#: a client holding more than this share of all training rows gets a warning
+#: a client holding more than this share of all training rows, and more than twice its fair share (1/N), gets a
+#: warning (a third of a balanced 3-client federation is no warning)
 DOMINANT_SHARE = 0.25
+DOMINANT_OVER_FAIR = 2.0
 #: ... or more than this many times the median client's rows
 DOMINANT_RATIO = 10.0
 
@@ -83,7 +85,8 @@ def size_stats(counts: torch.Tensor, names: Sequence[str]) -> SizeStats:
     largest = int(rows.argmax()) if len(rows) else 0
     shares = rows / max(total, 1.0)
     dominant = [(names[i], int(rows[i]), float(shares[i])) for i in range(len(rows))
-                if shares[i] > DOMINANT_SHARE or (median > 0 and rows[i] > DOMINANT_RATIO * median)]
+                if shares[i] > max(DOMINANT_SHARE, DOMINANT_OVER_FAIR / len(rows))
+                or (median > 0 and rows[i] > DOMINANT_RATIO * median)]
     return SizeStats(int(rows.min()) if len(rows) else 0, median, int(rows.max()) if len(rows) else 0,
                      names[largest] if len(rows) else "-", float(shares[largest]) if len(rows) else 0.0,
                      float(rows.max()) / median if median > 0 else float("inf"), dominant)

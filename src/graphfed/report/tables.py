@@ -113,3 +113,45 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     lines = [metric_note(metric), "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(row_cells(row)) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def per_client_rows(result: RunResult) -> list[dict[str, Any]]:
+    """One row per client at the selected round: its scores, its trivial predictor's and the gain over it (positive:
+    the model beats predicting the client's majority class / mean target), best gain first."""
+    higher = result.metric == "accuracy"
+    rows = []
+    for name, scores in (result.per_client or {}).items():
+        test, trivial = scores.get("test"), scores.get("trivial_test")
+        gain = None if test is None or trivial is None else (test - trivial if higher else trivial - test)
+        role = ", ".join(label for label, flag in (("novel", scores.get("novel")),
+                                                   ("malicious", scores.get("malicious"))) if flag)
+        extra = {key: value for key, value in scores.items() if key.startswith("test_") and key != "test_trivial"}
+        rows.append({"client": name, "val": scores.get("val"), "test": test, "trivial": trivial, "gain": gain,
+                     "role": role, "metrics": extra})
+    return sorted(rows, key=lambda row: (row["gain"] is None, -(row["gain"] or 0.0)))
+
+
+def per_client_table(result: RunResult, limit: int | None = None) -> Any:
+    """The per-client rows as a rich table (accuracy in %, MSE as stored)."""
+    from rich.table import Table
+
+    scale, fmt = (100.0, "{:.2f}") if result.metric == "accuracy" else (1.0, "{:.4g}")
+
+    def cell(value: float | None) -> str:
+        return "—" if value is None else fmt.format(scale * value)
+
+    table = Table(title=f"{result.method} on {result.dataset}: each client at round {result.best_round} "
+                        f"({metric_label(result.metric or 'accuracy')}; trivial = majority class / mean target of "
+                        f"its own training rows)")
+    chosen = list(result.metrics or {})
+    for header in ("client", "val", "test", "trivial", "gain over trivial", *[f"test {m}" for m in chosen], "role"):
+        table.add_column(header)
+    rows = per_client_rows(result)
+    for row in rows[:limit]:
+        extra = ["—" if row["metrics"].get(f"test_{m}") is None else f"{row['metrics'][f'test_{m}']:.4g}"
+                 for m in chosen]
+        table.add_row(row["client"], cell(row["val"]), cell(row["test"]), cell(row["trivial"]), cell(row["gain"]),
+                      *extra, row["role"])
+    if limit is not None and len(rows) > limit:
+        table.add_row(f"... {len(rows) - limit} more (--all)", *[""] * (5 + len(chosen)))
+    return table

@@ -25,8 +25,15 @@ import yaml
 from tqdm.auto import tqdm
 
 from graphfed import runs
-from graphfed.client.evaluation import ClientScores
-from graphfed.client.executor import ClientExecutor, check_update
+from graphfed.client.evaluation import ClientScores, trivial_scores
+from graphfed.client.executor import ClientExecutor, ClientRuntime, check_update
+from graphfed.client.metrics import (
+    BINARY_ONLY,
+    CLASSIFICATION_METRICS,
+    HIGHER_IS_BETTER,
+    REGRESSION_METRICS,
+    client_metrics,
+)
 from graphfed.client.placement import deterministic_algorithms
 from graphfed.config import ConfigError, RunConfig, dump_config, same_run, validate_config
 from graphfed.core import rng
@@ -47,6 +54,8 @@ ROBUSTNESS_FIELDS = ("honest_test_mean", "honest_test_std", "malicious_test_mean
                      "asr_malicious")
 #: below this many clients, holding clients out by a fraction gets a warning
 SMALL_FEDERATION = 10
+#: the most memory the best models of a run may take (every client's weights, float32): above, none are saved
+MODELS_BYTES = 1 << 30
 #: collaboration-graph rows saved per evaluation; larger federations save a fixed sample of this many clients
 GRAPH_ROWS = 512
 
@@ -56,18 +65,24 @@ class Tracker:
     """Best-validation model selection and byte accounting, saved in checkpoints."""
 
     higher_is_better: bool
+    key: str = "val_mean"  #: the record's validation score that selects the round (``train.select_by``)
     best: dict[str, Any] = field(default_factory=dict)
     bytes_up: int = 0
     bytes_down: int = 0
     elapsed: float = 0.0
+    #: evaluations since the validation score last improved by more than ``min_delta`` (early stopping)
+    since_improvement: int = 0
 
-    def offer(self, record: dict[str, Any]) -> None:
-        value = record["val_mean"]
+    def offer(self, record: dict[str, Any], min_delta: float = 0.0) -> None:
+        """Keep ``record`` if its validation score is the best so far; count evaluations without an improvement
+        beyond ``min_delta``."""
+        value = record[self.key]
         if not self.best:
             self.best = record
             return
-        better = value > self.best["val_mean"] if self.higher_is_better else value < self.best["val_mean"]
-        if better:
+        gain = value - self.best[self.key] if self.higher_is_better else self.best[self.key] - value
+        self.since_improvement = 0 if gain > min_delta else self.since_improvement + 1
+        if gain > 0:
             self.best = record
 
 
@@ -81,6 +96,12 @@ def _row_standard_error(scores: ClientScores) -> float | None:
         return None
     p, n = scores.metric[scored].double(), scores.counts[scored].double()
     return float((p * (1 - p) / n).sum().sqrt() / scored.sum())
+
+
+def _finite(value: torch.Tensor) -> float | None:
+    """A score for JSON: None where it is NaN/Inf (no rows, a reply that never came, a broken model)."""
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
 def _mean_std(values: torch.Tensor) -> tuple[float | None, float | None]:
@@ -108,7 +129,10 @@ class Simulator:
         fed = self.setup.federation
         # `executor` builds where clients run (e.g. Flower nodes); default: in this process, vectorised.
         self.executor = executor(self.setup) if executor else self.setup.client_executor(config.seed)
-        self.tracker = Tracker(higher_is_better=fed.metric == "accuracy")
+        self.metrics = self._check_metrics()
+        select_by = config.train.select_by or fed.metric
+        self.tracker = Tracker(higher_is_better=HIGHER_IS_BETTER[select_by],
+                               key="val_mean" if select_by == fed.metric else f"val_{select_by}_mean")
         self.num_train_clients = len(fed.train_client_ids)
         if self.num_train_clients == 0:
             raise ConfigError("dataset.novel_fraction: every client is novel, none would train; lower it")
@@ -117,6 +141,13 @@ class Simulator:
             log.warning("train.clients_per_round is %d but only %d clients train; each round samples all %d",
                         config.train.clients_per_round, self.num_train_clients, self.clients_per_round)
         self.late_ids = self._draw_late_clients()
+        self.stopped_early: int | None = None  # the round an early stop ended the run at
+        self.best_models: torch.Tensor | None = None  # every client's scored weights at a new best, until written
+        self.models_note = self._models_note()
+        # each client's trivial predictor (majority class / mean target of its training rows) on its test rows
+        self.trivial = trivial_scores(fed.train, fed.test, fed.task, fed.output_dim)
+        # how many clients train at once on this machine (measured once per shape, cached): before round 1
+        self.execution = self.setup.clients.plan_execution(self.clients_per_round)
 
     def _draw_late_clients(self) -> torch.Tensor:
         """The training clients that join at ``train.join_round`` (pFedGAT's new-client study), drawn from the seed."""
@@ -151,7 +182,7 @@ class Simulator:
         if communicates:
             self.tracker.bytes_down += (self.setup.wire_values(client_ids) + extra_down) * BYTES_PER_VALUE
         result = self.executor.train(client_ids, sent, round_index, "local_training", broadcast=broadcast)
-        check_update(result.delta, result.client_ids, spec.dim, round_index)
+        check_update(result.delta, result.client_ids, spec.dim, round_index, self.setup.federation.client_names)
         if len(result.client_ids) == 0:
             log.warning("round %d: no client update arrived; the server model is unchanged", round_index + 1)
             return {"train_loss": float("nan"), "clients": 0}
@@ -216,10 +247,48 @@ class Simulator:
         if len(self.late_ids):  # clients that joined late, on the training clients' protocol
             record["late_test_mean"] = _mean_std(scores["test"].select(self.late_ids).metric)[0]
         record["novel_mean"] = record["novel_std"] = None
-        if len(novel_ids) and type(self.setup.method).no_novel_model is None:
+        scored_novel = type(self.setup.method).no_novel_model is None
+        if len(novel_ids) and scored_novel:
             novel = scores["test"].select(novel_ids)
             record["novel_mean"], record["novel_std"] = _mean_std(novel.metric)
+        # every client by name: who gains and who loses (a novel client without a model of its own has no score)
+        per_split = {split: {"": scores[split].metric.cpu(), **self._chosen_metrics(split)}
+                     for split in ("val", "test")}
+        for split, values in per_split.items():
+            for metric in self.metrics:
+                record[f"{split}_{metric}_mean"] = _mean_std(values[metric][train_ids])[0]
+        record["per_client"] = {
+            name: {f"{split}{'_' + metric if metric else ''}": _finite(value[i])
+                   if scored_novel or not fed.novel_mask[i] else None
+                   for split, values in per_split.items() for metric, value in values.items()}
+            for i, name in enumerate(fed.client_names)}
         return record
+
+    def _check_metrics(self) -> tuple[str, ...]:
+        """``train.metrics``, checked against the task and the clients' models (ConfigError, one line)."""
+        wanted, fed = tuple(self.config.train.metrics), self.setup.federation
+        allowed = CLASSIFICATION_METRICS if fed.task == "classification" else REGRESSION_METRICS
+        wrong = [metric for metric in wanted if metric not in allowed]
+        if wrong:
+            raise ConfigError(f"train.metrics: {', '.join(wrong)} do not apply to {fed.task} ({fed.name}); "
+                              f"allowed: {', '.join(allowed)}")
+        binary = [metric for metric in wanted if metric in BINARY_ONLY]
+        if binary and fed.output_dim != 2:
+            raise ConfigError(f"train.metrics: {', '.join(binary)} need a binary task; {fed.name} has "
+                              f"{fed.output_dim} classes (use auroc, auprc, macro_f1 or balanced_accuracy)")
+        if wanted and (not isinstance(self.executor, ClientRuntime) or not self.executor.exports_plain_models):
+            raise ConfigError(f"train.metrics: {self.setup.method.name} clients evaluate a network or forward of "
+                              f"their own (or run elsewhere); only accuracy / MSE are scored for it")
+        return wanted
+
+    def _chosen_metrics(self, split: str) -> dict[str, torch.Tensor]:
+        """``train.metrics`` of every client on ``split``, from the weights the clients just scored with."""
+        if not self.metrics:
+            return {}
+        train = self.config.train
+        return client_metrics(self.setup.model, self.setup.spec, self.executor.evaluated_weights,
+                              getattr(self.setup.federation, split), self.setup.federation.task, self.metrics,
+                              train.threshold, train.precision)
 
     def evaluate_novel_adapted(self) -> tuple[float | None, float | None]:
         """Embedding-only adaptation of novel clients (pFedHN Sec. 5.3) on a copy of the method state."""
@@ -234,7 +303,7 @@ class Simulator:
             for step in range(rounds):
                 sent = method.personalize(novel_ids).detach()
                 result = self.executor.train(novel_ids, sent, step, "novel")
-                check_update(result.delta, result.client_ids, self.setup.spec.dim, step)
+                check_update(result.delta, result.client_ids, self.setup.spec.dim, step, fed.client_names)
                 if len(result.client_ids):
                     method.adapt_novel(result.client_ids, sent[result.rows], result.delta)
             scores = self.executor.evaluate(novel_ids, method.eval_weights(novel_ids), rounds)["test"]
@@ -350,9 +419,12 @@ class Simulator:
         history: list[dict[str, Any]] = rounds_log.read() if rounds_log else []
         status = "completed"
         segment_start = time.perf_counter()
+        # a bar in a terminal; in a log (stdout/stderr not a terminal) one line per evaluation instead
+        interactive = self.progress and sys.stderr.isatty()
         bar = tqdm(range(start_round, cfg.train.rounds), initial=start_round, total=cfg.train.rounds,
-                   desc=f"{method.name} on {fed.name}", disable=not self.progress, unit="round",
+                   desc=f"{method.name} on {fed.name}", disable=not interactive, unit="round",
                    dynamic_ncols=True)
+        scale, unit = (100.0, " %") if fed.metric == "accuracy" else (1.0, "")
         round_stats: dict[str, float] = {}
         try:
             for round_index in bar:
@@ -362,21 +434,38 @@ class Simulator:
                     record = self.evaluate(round_index)
                     record.update(round_stats, bytes_up=self.tracker.bytes_up, bytes_down=self.tracker.bytes_down,
                                   wall_seconds=self.tracker.elapsed + time.perf_counter() - segment_start)
-                    if record["val_mean"] is None:
+                    if record[self.tracker.key] is None:
                         log.warning("round %d: no client's evaluation arrived; round not used for model selection",
                                     completed)
                     else:
-                        self.tracker.offer(record)
+                        self.tracker.offer(record, cfg.train.min_delta)
+                        if self.tracker.best is record:
+                            self._keep_best_models()
                     history.append(record)
                     self._save_graphs(completed)
                     if rounds_log:
                         rounds_log.append(record)
-                    bar.set_postfix({f"{split}_{fed.metric}": "—" if record[f"{split}_mean"] is None
-                                     else f"{record[f'{split}_mean']:.4g}" for split in ("val", "test")})
-                if self.out_dir and (completed % cfg.train.checkpoint_every == 0 or completed == cfg.train.rounds):
+                    shown = {f"{split} {fed.metric}": "—" if record[f"{split}_mean"] is None
+                             else f"{scale * record[f'{split}_mean']:.4g}{unit}" for split in ("val", "test")}
+                    if interactive:
+                        bar.set_postfix(shown)
+                    elif self.progress:
+                        log.info("%s on %s, round %d/%d: %s", method.name, fed.name, completed, cfg.train.rounds,
+                                 ", ".join(f"{key} {value}" for key, value in shown.items()))
+                patience = cfg.train.patience
+                stop_early = patience is not None and self.tracker.since_improvement >= patience
+                if self.out_dir and (completed % cfg.train.checkpoint_every == 0 or completed == cfg.train.rounds
+                                     or stop_early):
                     self.tracker.elapsed += time.perf_counter() - segment_start
                     segment_start = time.perf_counter()
                     checkpoint.save_checkpoint(self.out_dir, self._checkpoint_state(completed))
+                    self._save_models()
+                if stop_early:
+                    self.stopped_early = completed
+                    log.info("early stop after round %d: %d evaluations without a validation gain above %g "
+                             "(best: round %s)", completed, patience, cfg.train.min_delta,
+                             self.tracker.best.get("round"))
+                    break
         except RunStoppedError as err:  # non-finite or wrong-shaped updates, a solver short of its tolerance
             status = f"stopped: {err}"
             log.error("%s; last good checkpoint kept in %s", err, self.out_dir or "(no output directory)")
@@ -388,6 +477,7 @@ class Simulator:
             novel_adapted = self.evaluate_novel_adapted()
         result = self._result(history, status, novel_adapted)
         if self.out_dir:
+            self._save_models()
             runs.write_result(self.out_dir, result)
             from graphfed.report.plots import plot_curves
 
@@ -409,6 +499,53 @@ class Simulator:
                         "with dataset.novel_clients to hold out the same ones under every seed, or set "
                         "dataset.novel_fraction=0 to train all", dataset.novel_fraction, len(novel), fed.num_clients,
                         ", ".join(novel))
+
+    def _models_note(self) -> str | None:
+        """Why this run cannot save its clients' models (None: it saves them in models/best.pt)."""
+        executor, spec, n = self.executor, self.setup.spec, self.setup.federation.num_clients
+        if not isinstance(executor, ClientRuntime):
+            return "clients ran elsewhere (Flower nodes or mixed architectures): their models stay with them"
+        if not executor.exports_plain_models:
+            return (f"{self.setup.method.name}'s clients evaluate a network or forward of their own, not the target "
+                    f"network with personal weights; nothing to export as a plain module")
+        if n * spec.dim * 4 > MODELS_BYTES:
+            return (f"{n:,} clients x {spec.dim:,} parameters is above the {MODELS_BYTES / 2**30:.0f} GiB kept for "
+                    f"saved models")
+        return None
+
+    def _keep_best_models(self) -> None:
+        """A copy of what every client just scored with: the models behind the selected round's numbers (written
+        with the next checkpoint, so a resumed run finds the models of the best round before it)."""
+        if self.models_note is None and self.executor.evaluated_weights is not None:
+            self.best_models = self.executor.evaluated_weights.detach().to("cpu", copy=True)
+
+    def _save_models(self) -> None:
+        fed, spec, cfg = self.setup.federation, self.setup.spec, self.config
+        if self.out_dir is None or self.best_models is None:
+            return  # nothing new since the last write
+        model = {"name": cfg.model.name, "options": dict(cfg.model.options), "input_shape": list(fed.input_shape),
+                 "output_dim": fed.output_dim, "task": fed.task, "dataset": fed.name, "method": cfg.method.name,
+                 "param_names": spec.names, "param_shapes": [list(tensor.shape) for tensor in spec.tensors]}
+        runs.save_models(self.out_dir, self.best_models, fed.client_names, self.tracker.best["round"], model)
+        self.best_models = None
+
+    def _per_client(self, best: dict[str, Any]) -> dict[str, Any]:
+        """Each client's scores at the selected round beside its trivial predictor's, its role, and the early stop."""
+        fed = self.setup.federation
+        malicious = self.setup.clients.attack.malicious
+        trivial = self.trivial[fed.train_client_ids]
+        scored = best.get("per_client", {})
+        per_client = {name: {**scored.get(name, {"val": None, "test": None}),
+                             "trivial_test": _finite(self.trivial[i]), "novel": bool(fed.novel_mask[i]),
+                             **({"malicious": bool(malicious[i])} if self.setup.clients.attack.active else {})}
+                      for i, name in enumerate(fed.client_names)}
+        early = ({"round": self.stopped_early, "patience": self.config.train.patience,
+                  "min_delta": self.config.train.min_delta} if self.stopped_early is not None else None)
+        chosen = {metric: {"val_mean": best.get(f"val_{metric}_mean"), "test_mean": best.get(f"test_{metric}_mean")}
+                  for metric in self.metrics}
+        return {"per_client": per_client, "trivial_test_mean": _mean_std(trivial)[0], "stopped_early": early,
+                "models_note": self.models_note, "metrics": chosen or None,
+                "select_by": self.config.train.select_by or fed.metric}
 
     def _graph_record(self) -> dict[str, Any]:
         """Which client graph the run read (``dataset.graph``; "none" also when the dataset has none) and its size."""
@@ -445,6 +582,7 @@ class Simulator:
             **{key: best.get(key) for key in ROBUSTNESS_FIELDS},
             "defense": cfg.defense.model_dump(mode="json"),
             "best_round": best.get("round"), "final_test_mean": last.get("test_mean"),
+            **self._per_client(best),
             "rounds": last.get("round", 0), "num_clients": fed.num_clients,
             "clients_per_round": self.clients_per_round,
             "num_novel_clients": len(fed.novel_client_ids), "num_params": self.setup.spec.dim,
@@ -456,7 +594,7 @@ class Simulator:
             "wall_seconds": round(self.tracker.elapsed, 3),
             "bytes_up": self.tracker.bytes_up, "bytes_down": self.tracker.bytes_down,
             "peak_rss_mb": peak_rss_mb(), "torch_threads": cfg.torch_threads,
-            "device": str(self.setup.clients.device),
+            "device": str(self.setup.clients.device), "execution": self.execution,
             "notes": list(self.setup.method.notes),
             # the code that produced these numbers: bench reruns (or marks stale) a run from other code
             "code": code_provenance(),

@@ -34,6 +34,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from graphfed.data.datasets.idx import ImageSet, missing_image_file
+from graphfed.paths import user_cache_dir
 
 __all__ = [
     "CACHE_NAME",
@@ -165,11 +166,6 @@ def decode_tarball(tarball: Path | str, limit: int | None = None) -> DecodedImag
 
 
 # --- the decoded-image cache ------------------------------------------------------------------------------
-
-
-def user_cache_dir() -> Path:
-    """``$GRAPHFED_CACHE``, default ``~/.cache/graphfed``."""
-    return Path(os.environ.get("GRAPHFED_CACHE") or "~/.cache/graphfed").expanduser()
 
 
 def cache_paths(tarball: Path | str) -> tuple[Path, Path]:

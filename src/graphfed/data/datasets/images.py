@@ -1,6 +1,7 @@
 """Image data sets pooled and partitioned over clients: MNIST, Fashion-MNIST (and FedAGHN's case-study split of
-it) and CIFAR-10 (JPEG). Train and test images are pooled, dealt to clients by ``dataset.partition`` and split per
-client by ``dataset.split``; the splits are cut from the pool in place (no copy per client or per split)."""
+it), CIFAR-10 (JPEG, or the official binary version) and CIFAR-100. Train and test images are pooled, dealt to
+clients by ``dataset.partition`` and split per client by ``dataset.split``; the splits are cut from the pool in place
+(no copy per client or per split)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,18 @@ def _load_cifar10(folder: Path) -> ImageSet:
     return load_cifar10(folder)
 
 
+def _load_cifar10_binary(folder: Path) -> ImageSet:
+    from graphfed.data.datasets.cifar_binary import CIFAR10, load_cifar_binary
+
+    return load_cifar_binary(folder.parent, CIFAR10)
+
+
+def _load_cifar100(folder: Path, coarse: bool = False) -> ImageSet:
+    from graphfed.data.datasets.cifar_binary import CIFAR100, load_cifar_binary
+
+    return load_cifar_binary(folder.parent, CIFAR100, coarse)
+
+
 @dataclass(frozen=True)
 class ImageSource:
     """An image data set that is pooled and partitioned over clients like MNIST."""
@@ -36,13 +49,27 @@ class ImageSource:
     title: str  # how descriptions name it
     folder: str  # under the data directory
     load: Callable[[Path], ImageSet]  # the folder -> train and test pooled, float32 [N, C, H, W] in [0, 1]
+    #: the publisher's layout, read when ``folder`` is absent (CIFAR-10: the official binary archive)
+    fallback: ImageSource | None = None
+
+    def located(self, data_dir: Path) -> ImageSource:
+        """This source, or its fallback when only the fallback's folder exists under ``data_dir``."""
+        if self.fallback is not None and not (data_dir / self.folder).exists() \
+                and (data_dir / self.fallback.folder).exists():
+            return self.fallback
+        return self
 
 
 IMAGE_SOURCES = {
     "mnist": ImageSource("MNIST", "mnist", _load_idx),
     "fashion-mnist": ImageSource("Fashion-MNIST", "fashion-mnist", _load_idx),
     "fashion-mnist-casestudy": ImageSource("Fashion-MNIST", "fashion-mnist", _load_idx),
-    "cifar10": ImageSource("CIFAR-10 (JPEG)", "cifar10-jpeg", _load_cifar10),
+    # the JPEG re-encoding keeps its numbers where it exists; the official binary version is read otherwise
+    "cifar10": ImageSource("CIFAR-10 (JPEG)", "cifar10-jpeg", _load_cifar10,
+                           ImageSource("CIFAR-10 (binary)", "cifar10", _load_cifar10_binary)),
+    "cifar100": ImageSource("CIFAR-100 (binary, fine labels)", "cifar100", _load_cifar100),
+    "cifar100-coarse": ImageSource("CIFAR-100 (binary, coarse labels)", "cifar100",
+                                   lambda folder: _load_cifar100(folder, coarse=True)),
 }
 
 
@@ -63,7 +90,8 @@ def image_clients(cfg: DatasetConfig, rng: np.random.Generator,
     if casestudy and num_clients < CASESTUDY_GROUPS:  # checked before the (seconds-long) load
         raise ConfigError(f"dataset.num_clients: {cfg.name} needs at least {CASESTUDY_GROUPS} clients "
                           f"(one per group), got {num_clients}")
-    source = IMAGE_SOURCES[cfg.name]
+    name = "cifar100-coarse" if cfg.name == "cifar100" and cfg.labels == "coarse" else cfg.name
+    source = IMAGE_SOURCES[name].located(cfg.resolved_data_dir())
     images = source.load(cfg.resolved_data_dir() / source.folder)
     groups: torch.Tensor | None = None
     if casestudy:
@@ -97,7 +125,11 @@ REGISTRY = (
                 "clients (default 20, no graph)", "classification", build),
     DatasetInfo("fashion-mnist-casestudy", "Fashion-MNIST in FedAGHN's case-study split: 20 clients in 5 groups of "
                 "4; 80% of the data by group classes, 20% IID; client groups recorded", "classification", build),
-    DatasetInfo("cifar10", "CIFAR-10 (JPEG) 32x32 RGB, 10 classes, train+test pooled (60k), partitioned over "
-                "dataset.num_clients clients (default 20, no graph); decoded once into a cached .npz",
+    DatasetInfo("cifar10", "CIFAR-10 32x32 RGB, 10 classes, train+test pooled (60k), partitioned over "
+                "dataset.num_clients clients (default 20, no graph); the JPEG re-encoding (cifar10-jpeg/, decoded "
+                "once into a cached .npz) where present, else the official binary version (cifar10/)",
                 "classification", build),
+    DatasetInfo("cifar100", "CIFAR-100 32x32 RGB (official binary version), 100 fine classes (dataset.labels: "
+                "coarse for the 20 superclasses), train+test pooled (60k), partitioned over dataset.num_clients "
+                "clients (default 20, no graph)", "classification", build),
 )

@@ -171,7 +171,13 @@ def load_metr_la(data_dir: Path | str, split: tuple[float, float, float] = (0.7,
         if listed != ids:
             raise ValueError(f"{speed_path}: header sensor ids differ from {ids_path} (the adjacency's order)")
     adjacency = read_adjacency(folder / ADJACENCY_FILE, num_sensors)
+    return window_speeds(ids, speeds, adjacency, split, graph_threshold, speed_path)
 
+
+def window_speeds(ids: list[str], speeds: np.ndarray, adjacency: np.ndarray, split: tuple[float, float, float],
+                  graph_threshold: float, speed_path: Path | str) -> MetrLAData:
+    """Speeds ``[N, T]`` (mph) -> chronological segments, train-fitted min-max scaling, windows, and the
+    thresholded graph; shared by the CSV week and the DCRNN ``.h5`` recordings."""
     steps = segment_bounds(speeds.shape[1], split)
     size = INPUT_STEPS + HORIZON
     for name, length, fraction in zip(("train", "val", "test"), steps, split, strict=True):
@@ -192,10 +198,15 @@ def build(cfg: DatasetConfig, streams: Streams) -> Federation:
     """The split is part of the task (the time axis is cut before windowing): no per-client split step."""
     fixed_client_count(cfg, NUM_SENSORS)
     metr = load_metr_la(cfg.resolved_data_dir(), cfg.split, cfg.graph_threshold, NUM_SENSORS)
+    return traffic_federation("metr-la-week", "METR-LA week", metr, cfg)
+
+
+def traffic_federation(name: str, title: str, metr: MetrLAData, cfg: DatasetConfig) -> Federation:
+    """One client per sensor, its windows split chronologically; the road graph between sensors."""
     train, val, test = (ClientSplit.from_lists(list(x), list(y), "regression") for x, y in metr.splits)
     graph = torch.as_tensor(metr.adjacency)
     edges = int(torch.count_nonzero(graph)) // 2
-    description = (f"METR-LA week: {NUM_SENSORS} sensors, {sum(metr.segment_steps)} 5-minute steps, "
+    description = (f"{title}: {len(metr.sensor_ids)} sensors, {sum(metr.segment_steps)} 5-minute steps, "
                    f"{INPUT_STEPS} in -> {HORIZON} out; chronological segments of "
                    f"{'/'.join(map(str, metr.segment_steps))} steps -> "
                    f"{'/'.join(str(x.shape[1]) for x, _ in metr.splits)} windows per sensor "
@@ -203,7 +214,7 @@ def build(cfg: DatasetConfig, streams: Streams) -> Federation:
                    f"({metr.speed_min:.2f}..{metr.speed_max:.2f} mph, {metr.mph_per_unit:.2f} mph/unit); "
                    f"{metr.zero_readings} zero (missing) readings kept as values; graph = {edges} edges "
                    f"with weight >= {cfg.graph_threshold}")
-    return Federation(name="metr-la-week", task="regression", train=train, val=val, test=test,
+    return Federation(name=name, task="regression", train=train, val=val, test=test,
                       input_shape=(INPUT_STEPS,), output_dim=HORIZON, client_graph=graph,
                       client_names=list(metr.sensor_ids), metric="mse", description=description,
                       target_scale=metr.mph_per_unit)

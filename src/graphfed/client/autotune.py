@@ -1,0 +1,175 @@
+"""How many clients train at once: measured on this machine for each model and shape, like cuDNN's benchmark mode.
+
+:func:`~graphfed.client.training.train_clients` trains S clients as one batched computation, split into chunks of
+``model.clients_per_chunk`` clients (None: all S at once). Whether batching pays depends on the model, the batch
+size and the device: a small MLP trains 6-15x faster all at once, while a convolutional model's activations
+outgrow the CPU's caches and one client at a time (chunk 1, which is a per-client loop) can win. So for models
+that declare a chunk size (the convolutional ones), a run starts with a short calibration: each candidate chunk
+size trains the run's own first clients (at most :data:`CALIBRATION_CLIENTS`) for :data:`CALIBRATION_STEPS` SGD
+steps of the run's batch size, and the fastest per client wins.
+
+The choice is cached on disk (``$GRAPHFED_CACHE/autotune.json``) under a key of everything that changes the timing
+(model class, parameter count, input shape, batch size, device, threads, torch version, precision), so a machine
+keeps its choice and the same config gives the same numbers run after run. Chunking changes nothing but float
+rounding (clients are independent; ``tests/test_autotune.py`` checks every model). The run's ``summary.json``
+records the choice (``execution``), and ``train.clients_per_chunk`` pins it, e.g. to reproduce a run from another
+machine bit for bit. ``train.autotune: false`` keeps each model's declared chunk size without measuring.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from graphfed.client.contract import ClientRule, plain_sgd
+from graphfed.client.training import train_clients
+from graphfed.core.params import ParamSpec
+from graphfed.data.federation import ClientSplit
+from graphfed.models.base import TargetModel
+from graphfed.paths import user_cache_dir
+
+log = logging.getLogger(__name__)
+
+#: chunk sizes tried (those up to the number of clients trained at once, which is tried too)
+CANDIDATES = (1, 2, 4, 8, 16)
+#: clients the calibration trains: up to this many of the run's first (a few seconds even for ResNets; rounds of
+#: more clients keep the best size found here, since chunks above 16 clients never won on the measured grid)
+CALIBRATION_CLIENTS = 16
+#: SGD steps each candidate is timed over (after one warm-up call); the best of two timings counts
+CALIBRATION_STEPS = 2
+CACHE_NAME = "autotune.json"
+#: a larger chunk must be this much faster per client than a smaller one to be chosen
+TOLERANCE = 0.05
+
+
+@dataclass(frozen=True)
+class ChunkChoice:
+    """How one model's clients are batched in this run, and why."""
+
+    clients_per_chunk: int | None  #: None: all clients of a call at once
+    source: str  #: "pinned" (train.clients_per_chunk), "model" (its declared size), "measured" or "cached"
+    seconds_per_client: dict[int, float]  #: the calibration's timing per candidate (empty unless measured/cached)
+
+    def record(self) -> dict[str, Any]:
+        return {"clients_per_chunk": self.clients_per_chunk, "source": self.source,
+                "seconds_per_client": {str(size): seconds for size, seconds in self.seconds_per_client.items()}}
+
+
+def timing_key(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: ClientRule) -> str:
+    """Everything that changes how long a chunk takes: the same key is the same measurement."""
+    training = rule.setting.training
+    device = data.x.device
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return "|".join([type(model).__name__, str(spec.dim), "x".join(map(str, data.x.shape[1:])),
+                     f"batch={training.batch_size}", f"precision={training.precision}", device_name,
+                     f"threads={torch.get_num_threads()}", f"torch={torch.__version__}"])
+
+
+def choose_clients_per_chunk(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: ClientRule,
+                             clients_at_once: int, autotune: bool = True, pinned: int | None = None,
+                             cache_file: Path | None = None) -> ChunkChoice:
+    """The chunk size for ``model`` when ``clients_at_once`` clients train per call, from ``data``'s first clients.
+
+    ``pinned`` wins; models without a declared chunk size, runs with ``autotune`` off and calls that train a single
+    client keep the declared size. Otherwise the cached measurement for this key, else a new one (then cached).
+    """
+    if pinned is not None:
+        return ChunkChoice(pinned, "pinned", {})
+    declared = model.clients_per_chunk
+    sample = min(clients_at_once, data.num_clients, CALIBRATION_CLIENTS)
+    if declared is None or not autotune or sample <= 1:
+        return ChunkChoice(declared, "model", {})
+    cache_file = user_cache_dir() / CACHE_NAME if cache_file is None else cache_file
+    key = f"{timing_key(model, spec, data, rule)}|clients={sample}"
+    cached = _read_cache(cache_file).get(key)
+    if cached is not None:
+        return ChunkChoice(cached["clients_per_chunk"], "cached",
+                           {int(size): seconds for size, seconds in cached["seconds_per_client"].items()})
+    timings = measure(model, spec, data.select(torch.arange(sample, device="cpu")), rule,
+                      sorted({size for size in CANDIDATES if size < sample} | {sample}))
+    # the smallest chunk within TOLERANCE of the fastest: two short steps cannot rank sizes whose costs differ by a
+    # few per cent, and smaller chunks are the safe side on a CPU (chunk 1 is the per-client loop)
+    fastest = min(timings.values())
+    best = min(size for size, seconds in timings.items() if seconds <= (1 + TOLERANCE) * fastest)
+    log.info("%s: %d clients per chunk (measured per client: %s)", type(model).__name__, best,
+             ", ".join(f"{size}: {seconds * 1e3:.1f} ms" for size, seconds in timings.items()))
+    _write_cache(cache_file, key, {"clients_per_chunk": best,
+                                   "seconds_per_client": {str(size): s for size, s in timings.items()}})
+    return ChunkChoice(best, "measured", timings)
+
+
+def measure(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: ClientRule,
+            sizes: list[int]) -> dict[int, float]:
+    """Seconds per client of :data:`CALIBRATION_STEPS` plain SGD steps for each chunk size in ``sizes``.
+
+    Plain SGD costs what the method's rule costs to within its extra terms (the forward and backward dominate).
+    The global RNG is restored afterwards: a model with dropout draws the same masks with or without calibration.
+    """
+    training = replace(rule.setting.training, steps=CALIBRATION_STEPS)
+    calibration = plain_sgd(spec, rule.setting.task, training)
+    start = spec.flatten_module(model).detach().unsqueeze(0).repeat(data.num_clients, 1)
+    seeds = list(range(data.num_clients))
+    declared = model.clients_per_chunk
+    timings: dict[int, float] = {}
+    devices = [data.x.device] if data.x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        try:
+            for size in sizes:
+                model.clients_per_chunk = size
+
+                def once() -> None:
+                    train_clients(model, spec, start, data, calibration, seeds)
+
+                once()  # warm-up: allocator, kernel selection
+                timings[size] = min(synchronised_seconds(once, data.x.device) for _ in range(2)) / data.num_clients
+        finally:
+            model.clients_per_chunk = declared
+    return timings
+
+
+def synchronised_seconds(run: Callable[[], object], device: torch.device) -> float:
+    """Wall seconds of ``run()``, waiting for a CUDA device's queued work before and after."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    begin = time.perf_counter()
+    run()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - begin
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    """The cached choices; an unreadable or malformed cache counts as empty (it is only a cache)."""
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(entries, dict):
+        return {}
+    return {key: value for key, value in entries.items()
+            if isinstance(value, dict) and isinstance(value.get("clients_per_chunk"), int)
+            and value["clients_per_chunk"] >= 1 and isinstance(value.get("seconds_per_client"), dict)}
+
+
+def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
+    """Adds ``entry`` atomically (a temporary file renamed over the old one); a cache that cannot be written only
+    costs a calibration next time."""
+    entries = _read_cache(path)
+    entries[key] = entry
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".autotune-", suffix=".json")
+        with os.fdopen(fd, "w") as handle:
+            json.dump(entries, handle, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as error:
+        log.warning("could not write the autotune cache %s: %s", path, error)

@@ -1,0 +1,44 @@
+"""``benchmarks/gpu.py`` cannot rot where no GPU is at hand: without CUDA it says so in one line and exits 0, and
+``--device cpu --quick`` runs a shrunken version of every part whose numbers must hold together."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+SCRIPT = Path(__file__).parents[1] / "benchmarks" / "gpu.py"
+
+
+def test_without_cuda_the_gpu_benchmark_says_so_and_exits_0(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        return  # a GPU machine runs the real benchmark; the line below is about machines without one
+    out = tmp_path / "gpu.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("no cuda device here, nothing measured")
+    assert not out.exists()
+
+
+def test_the_quick_cpu_run_measures_parity_throughput_and_projection(tmp_path: Path) -> None:
+    out = tmp_path / "gpu.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--repeats", "1",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert result["device"] == "cpu" and result["quick"] is True
+    # CPU against CPU: every field agrees (the same numbers, bit for bit, on one device)
+    assert [row["method"] for row in result["parity"]] == ["fedavg", "panacea", "fedaghn"]
+    assert all(row["ok"] and row["cpu_test_mean"] == row["device_test_mean"] for row in result["parity"])
+    for name in ("lenet-cifar10", "pfl-cifar10"):
+        cell = result["throughput"][name]
+        assert set(cell["best_seconds"]) == {"graphfed", "loop", "floor"}
+        assert cell["graphfed_over_loop"] == cell["best_seconds"]["loop"] / cell["best_seconds"]["graphfed"]
+    (row,) = result["projection"]
+    assert row["section"] == "panacea-metr-la" and row["rounds"] == 800
+    assert row["projected_minutes"] == row["seconds_per_round"] * 800 / 60 > 0
