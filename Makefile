@@ -1,5 +1,6 @@
 # One command to set up and run the demo, one to set up and run the tests.
-# Both create .venv when it is missing: torch==2.13.0 (the CPU wheel) first, then graphfed with the dev and flower extras.
+# Both create .venv when it is missing: torch==2.13.0 (the CPU wheel) first, then graphfed with the dev, flower and
+# trackers extras.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -15,7 +16,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[dev,flower]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,flower,trackers]'
 	touch $(STAMP)
 
 demo: $(STAMP)

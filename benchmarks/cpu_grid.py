@@ -9,7 +9,8 @@ batched as a run's start-of-run calibration chooses (``graphfed.client.autotune`
 reported as ``calibration_s``). Both sides run the same number of SGD steps of the same batch size from the same
 start weights on the same client data (not the same batches: the loop draws its own), once as warm-up, then
 ``--repeats`` times alternating; the best time counts. ``ratio`` = loop seconds / graphfed seconds: above 1,
-graphfed is faster.
+graphfed is faster. The loop also runs a second time as its own side (``noise_ratio`` = loop / loop again): how far
+timing noise alone moves a ratio on this machine, the yardstick for cells near 1.0.
 
 Grid: models {mlp, lenet, cnn-bn, resnet-like} x clients trained together {20, 100, 50 (the pfl-research round of
 50 clients out of 1,000)} x batch {10, 32}, 50 rows per client (pfl-research's CIFAR-10 clients), 5 local steps.
@@ -120,8 +121,10 @@ def measure(model_name: str, clients: int, batch: int, steps: int, repeats: int,
                                           cache_file=Path(cache) / "autotune.json")
     calibration_s = time.perf_counter() - calibration_start
     model.clients_per_chunk = choice.clients_per_chunk
+    # the loop a second time, as its own side: loop / loop_again is what timing noise alone does to a ratio here
     sides = {"graphfed": lambda: run_graphfed(model, spec, start, data, training),
-             "loop": lambda: run_loop(model, spec, start, data, training)}
+             "loop": lambda: run_loop(model, spec, start, data, training),
+             "loop_again": lambda: run_loop(model, spec, start, data, training)}
     for run in sides.values():  # warm-up
         run()
     times = {name: float("inf") for name in sides}
@@ -131,7 +134,8 @@ def measure(model_name: str, clients: int, batch: int, steps: int, repeats: int,
     return {"model": model_name, "parameters": spec.dim, "clients": clients, "batch": batch, "steps": steps,
             "clients_per_chunk": choice.clients_per_chunk, "calibration_s": round(calibration_s, 3),
             "graphfed_s": round(times["graphfed"], 4), "loop_s": round(times["loop"], 4),
-            "ratio": round(times["loop"] / times["graphfed"], 3)}
+            "ratio": round(times["loop"] / times["graphfed"], 3),
+            "noise_ratio": round(times["loop"] / times["loop_again"], 3)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,11 +156,14 @@ def main(argv: list[str] | None = None) -> int:
                 cells.append(cell)
                 print(f"{model_name:12s} {clients:4d} clients batch {batch:3d}: graphfed {cell['graphfed_s']:.3f} s "
                       f"({cell['clients_per_chunk']} per chunk), "
-                      f"loop {cell['loop_s']:.3f} s, ratio {cell['ratio']:.2f}x", flush=True)
+                      f"loop {cell['loop_s']:.3f} s, ratio {cell['ratio']:.2f}x (loop/loop {cell['noise_ratio']:.2f})",
+                      flush=True)
     below = [cell for cell in cells if cell["ratio"] < 1.0]
+    noise = max(abs(cell["noise_ratio"] - 1.0) for cell in cells)
     result = {"benchmark": "cpu_grid", "torch": torch.__version__, "threads": args.threads, "steps": args.steps,
               "rows_per_client": ROWS_PER_CLIENT, "machine": machine_info(), "cells": cells,
-              "cells_below_1x": [f"{c['model']} {c['clients']}x{c['batch']}: {c['ratio']}x" for c in below]}
+              "cells_below_1x": [f"{c['model']} {c['clients']}x{c['batch']}: {c['ratio']}x" for c in below],
+              "largest_noise_ratio_deviation": round(noise, 3)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{len(cells)} cells, {len(below)} below 1.0x -> {args.out}")

@@ -16,6 +16,7 @@ from conftest import ConfigFactory, read_rounds
 from graphfed.cli import app
 from graphfed.data import build_federation
 from graphfed.export import client_model
+from graphfed.runs import RunResult
 from graphfed.sim.engine import Simulator
 
 
@@ -201,3 +202,25 @@ def test_metrics_that_do_not_fit_the_task_are_one_line_errors(make_config: Confi
         Simulator(make_config("knn-per", "train.metrics=[auroc]"), progress=False)
     with pytest.raises(ConfigError, match=r"train.select_by: 'auroc' is not scored"):
         make_config("fedavg", "train.select_by=auroc")
+
+
+def test_compare_puts_methods_and_variants_in_one_table(make_config: ConfigFactory, tmp_path: Path) -> None:
+    """``--variant LABEL:KEY=VALUE,...`` rows sit beside ``--methods`` rows (here Panacea with the given graph and
+    with a kNN graph); one seed prints n=1, never a spread of zero."""
+    from conftest import tiny_overrides
+
+    sets = [arg for override in tiny_overrides("fedavg") for arg in ("--set", override)]
+    result = CliRunner().invoke(app, [
+        "compare", "configs/demo_fl60.yaml", *sets, "--methods", "fedavg", "--out", str(tmp_path), "--no-progress",
+        "--variant", "panacea-knn:method.name=panacea,dataset.graph=knn,method.options={server_steps: 1}",
+        "--variant", "panacea-given:method.name=panacea,method.options={server_steps: 1}", "--per-client"])
+    assert result.exit_code == 0, result.output
+    table = (tmp_path / "compare.md").read_text()
+    assert all(f"| {label} |" in table for label in ("fedavg", "panacea-knn", "panacea-given"))
+    assert "(n=1)" in table and "± 0.00" not in table
+    knn = RunResult.model_validate_json((tmp_path / "panacea-knn" / "seed0" / "summary.json").read_text())
+    given = RunResult.model_validate_json((tmp_path / "panacea-given" / "seed0" / "summary.json").read_text())
+    assert knn.client_graph["source"] == "knn" and given.client_graph["source"] == "given"
+    bad = CliRunner().invoke(app, ["compare", "configs/demo_fl60.yaml", "--variant", "../up:train.rounds=2",
+                                   "--out", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "give LABEL:KEY=VALUE" in bad.stderr and not (tmp_path / "bad").exists()

@@ -6,6 +6,7 @@ import functools
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import traceback
@@ -184,31 +185,57 @@ def _print_summary(summary: RunResult) -> None:
 
 @app.command()
 def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its method is replaced)")],
-            methods: Annotated[str, typer.Option(help="comma-separated method names")],
+            methods: Annotated[str | None, typer.Option(help="comma-separated method names")] = None,
+            variants: Annotated[list[str] | None, typer.Option(
+                "--variant", help="a row of its own: LABEL:KEY=VALUE,KEY=VALUE (--set syntax; repeatable), e.g. "
+                "knn:method.name=panacea,dataset.graph=knn")] = None,
             seeds: Annotated[int, typer.Option(min=1, help="seeds per method: seed, seed+1, ...")] = 1,
             overrides: SetOption = None,
             out: Annotated[Path, typer.Option(help="output directory")] = Path("runs/compare"),
+            per_client: Annotated[bool, typer.Option("--per-client", help="also each row's per-client table "
+                                                     "(its first seed)")] = False,
             progress: bool = True, verbose: bool = False) -> None:
-    """Run several methods over several seeds; print one table of mean ± std over seeds."""
+    """Run several methods (and variants) over several seeds; print one table of mean ± std over seeds."""
+    from graphfed.config import apply_overrides
     from graphfed.report.plots import plot_comparison
-    from graphfed.report.tables import compare_rows, headers, markdown_table, metric_label, row_cells
+    from graphfed.report.tables import (
+        compare_rows,
+        headers,
+        markdown_table,
+        metric_label,
+        per_client_table,
+        row_cells,
+    )
     from graphfed.runs import RoundLog, atomic_write_text
 
     _setup_logging(verbose)
     base = _load(config, overrides)
     names = _names(methods) or []
-    if not names:
-        _fail(f"--methods: name at least one method, comma-separated (e.g. fedavg,ditto); got {methods!r}",
-              EXIT_CONFIG)
+    rows_asked = {name: [f"method.name={name}"] for name in names}
+    for text in variants or []:
+        label, overrides_of = _variant(text)
+        if label in rows_asked:
+            _fail(f"--variant {text!r}: the label {label!r} is taken (a method or another variant)", EXIT_CONFIG)
+        rows_asked[label] = overrides_of
+    if not rows_asked:
+        _fail(f"--methods: name at least one method, comma-separated (e.g. fedavg,ditto), or give --variant; got "
+              f"{methods!r}", EXIT_CONFIG)
     _check_out(out)
     configs: dict[str, list[RunConfig]] = {}
-    for name in names:
+    for label, row_overrides in rows_asked.items():
         data = base.model_dump(mode="json")
-        data["method"] = {"name": name, "options": base.method.options if name == base.method.name else {}}
-        configs[name] = []
+        if label in names:  # a method by name: its own options default, the config's when it is the config's method
+            data["method"] = {"name": label, "options": base.method.options if label == base.method.name else {}}
+        else:
+            data = apply_overrides(data, row_overrides)
+            if data["method"]["name"] != base.method.name and not any(
+                    part.startswith("method.options") for part in row_overrides):
+                data["method"]["options"] = {}  # another method: its own defaults, not the config method's options
+        configs[label] = []
         for k in range(seeds):
             data["seed"] = base.seed + k
-            configs[name].append(validate_config(data))
+            configs[label].append(validate_config(data))
+    names = list(configs)
     summaries: dict[str, list[RunResult]] = {}
     for name, runs in configs.items():
         summaries[name] = [_run_one(cfg, out / name / f"seed{cfg.seed}", False, progress) for cfg in runs]
@@ -227,7 +254,36 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
                                                         for name, results in summaries.items()}, indent=2) + "\n")
     histories = {name: RoundLog(out / name / f"seed{base.seed}").read() for name in names}
     plot_comparison(histories, out / "compare.png", metric, title=dataset)
+    if per_client:
+        for results in summaries.values():
+            if results[0].per_client:
+                show(per_client_table(results[0], 50))
     console.print(f"table: {out / 'compare.md'}, curves: {out / 'compare.png'}")
+
+
+#: a variant's label becomes a folder under --out: letters, digits, dots, dashes and underscores only
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def _variant(text: str) -> tuple[str, list[str]]:
+    """``LABEL:KEY=VALUE,KEY=VALUE`` -> (label, ["KEY=VALUE", ...]); commas inside brackets/braces stay in values."""
+    label, sep, rest = text.partition(":")
+    if not sep or not _LABEL.match(label):
+        _fail(f"--variant {text!r}: give LABEL:KEY=VALUE,... with a label of letters, digits, '.', '-' or '_'",
+              EXIT_CONFIG)
+    parts, depth, current = [], 0, ""
+    for char in rest:
+        depth += 1 if char in "[{" else -1 if char in "]}" else 0
+        if char == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += char
+    parts.append(current.strip())
+    pairs = [part for part in parts if part]
+    if not pairs or any("=" not in part for part in pairs):
+        _fail(f"--variant {text!r}: after the label, give KEY=VALUE pairs separated by commas", EXIT_CONFIG)
+    return label, pairs
 
 
 @app.command("show")

@@ -249,6 +249,16 @@ class DefenseConfig(_Strict):
     tuning_lr: float | None = Field(default=None, gt=0, description="Simple-Tuning lr (default: the client lr)")
 
 
+class TrackingConfig(_Strict):
+    """Experiment trackers the round loop reports to (``graphfed.sim.tracking``)."""
+
+    backends: list[Literal["csv", "tensorboard", "mlflow"]] = Field(
+        default_factory=lambda: ["csv"], description="csv (metrics.csv in the run directory), tensorboard "
+        "(<run>/tensorboard), mlflow (tracking.mlflow_uri, default a SQLite store, <run>/mlflow.db)")
+    mlflow_uri: str | None = Field(default=None, description="an MLflow tracking server or store URI")
+    experiment: str = Field(default="graphfed", min_length=1, description="the MLflow experiment's name")
+
+
 class RunConfig(_Strict):
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
@@ -258,6 +268,7 @@ class RunConfig(_Strict):
     flower: FlowerConfig = Field(default_factory=FlowerConfig)
     attack: AttackConfig = Field(default_factory=AttackConfig)
     defense: DefenseConfig = Field(default_factory=DefenseConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     torch_threads: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
@@ -384,12 +395,14 @@ def same_run(recorded: RunConfig, config: RunConfig) -> bool:
 def _location_free(config: RunConfig) -> RunConfig:
     data_dir = config.dataset.data_dir
     kept = Path(data_dir).name if config.dataset.name == "folder" and data_dir else None
-    return config.model_copy(update={"dataset": config.dataset.model_copy(update={"data_dir": kept})})
+    # where a run reports to (trackers) is not part of the run either
+    return config.model_copy(update={"dataset": config.dataset.model_copy(update={"data_dir": kept}),
+                                     "tracking": TrackingConfig()})
 
 
 #: sections written out only when they differ from their defaults: a run without an attack reads (and compares, on
 #: resume) exactly as it did before these sections existed
-OPTIONAL_SECTIONS = ("attack", "defense")
+OPTIONAL_SECTIONS = ("attack", "defense", "tracking")
 
 
 def dump_config(config: RunConfig) -> str:

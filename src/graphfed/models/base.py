@@ -71,8 +71,11 @@ class TargetModel(nn.Module):
         for name, value in params.items():
             if value.shape[0] != num_clients:
                 raise ValueError(f"params[{name!r}] holds {value.shape[0]} clients but x holds {num_clients}")
-        return torch.stack([functional_call(self, {name: value[s] for name, value in params.items()}, (x[s],),
-                                            {"features_only": features_only}) for s in range(num_clients)])
+        # unbind, not value[s]: its backward stacks the clients' gradients once, where each select would allocate
+        # and zero-fill a gradient as large as all clients' weights (per tensor, per client, per step)
+        per_client = {name: value.unbind(0) for name, value in params.items()}
+        return torch.stack([functional_call(self, {name: tensors[s] for name, tensors in per_client.items()},
+                                            (x[s],), {"features_only": features_only}) for s in range(num_clients)])
 
 
 class ClientGroups:

@@ -43,6 +43,7 @@ from graphfed.provenance import code_provenance
 from graphfed.runs import RunResult
 from graphfed.setup import Setup, build_setup
 from graphfed.sim import checkpoint
+from graphfed.sim.tracking import build_trackers
 
 log = logging.getLogger("graphfed")
 
@@ -141,6 +142,7 @@ class Simulator:
             log.warning("train.clients_per_round is %d but only %d clients train; each round samples all %d",
                         config.train.clients_per_round, self.num_train_clients, self.clients_per_round)
         self.late_ids = self._draw_late_clients()
+        self.trackers = build_trackers(config, self.out_dir)  # a missing tracker package stops us here
         self.stopped_early: int | None = None  # the round an early stop ended the run at
         self.best_models: torch.Tensor | None = None  # every client's scored weights at a new best, until written
         self.models_note = self._models_note()
@@ -311,17 +313,19 @@ class Simulator:
         finally:
             method.load_state_dict(saved)
 
-    def _save_graphs(self, completed_rounds: int) -> None:
-        """Collaboration graphs are a result: save them at every evaluation (methods that have them)."""
+    def _save_graphs(self, completed_rounds: int) -> torch.Tensor | None:
+        """Collaboration graphs are a result: save them at every evaluation (methods that have them); returned for
+        the trackers."""
         if self.out_dir is None:
-            return
+            return None
         rows = self.graph_rows()
         graphs = self.setup.method.collaboration_graph(rows)
         if graphs is None:
-            return
+            return None
         names = list(self.setup.spec.layers) if graphs.ndim == 3 else ["client graph"]
         fed = self.setup.federation
         runs.save_graphs(self.out_dir, completed_rounds, graphs, names, rows, fed.client_names, fed.novel_mask)
+        return graphs
 
     def graph_rows(self) -> torch.Tensor | None:
         """Whose rows of the collaboration graph are saved: every client's up to ``GRAPH_ROWS`` clients; above,
@@ -417,6 +421,8 @@ class Simulator:
             log.info("client architectures: %s", ", ".join(f"{name} x {count}" for name, count
                                                           in self.setup.family.counts().items()))
         history: list[dict[str, Any]] = rounds_log.read() if rounds_log else []
+        for tracker in self.trackers:
+            tracker.start(cfg, history)
         status = "completed"
         segment_start = time.perf_counter()
         # a bar in a terminal; in a log (stdout/stderr not a terminal) one line per evaluation instead
@@ -442,9 +448,11 @@ class Simulator:
                         if self.tracker.best is record:
                             self._keep_best_models()
                     history.append(record)
-                    self._save_graphs(completed)
+                    graphs = self._save_graphs(completed)
                     if rounds_log:
                         rounds_log.append(record)
+                    for tracker in self.trackers:
+                        tracker.evaluation(record, graphs)
                     shown = {f"{split} {fed.metric}": "—" if record[f"{split}_mean"] is None
                              else f"{scale * record[f'{split}_mean']:.4g}{unit}" for split in ("val", "test")}
                     if interactive:
@@ -476,6 +484,8 @@ class Simulator:
         if status == "completed":
             novel_adapted = self.evaluate_novel_adapted()
         result = self._result(history, status, novel_adapted)
+        for tracker in self.trackers:
+            tracker.end(result)
         if self.out_dir:
             self._save_models()
             runs.write_result(self.out_dir, result)
