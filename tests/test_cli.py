@@ -354,3 +354,16 @@ def test_graphfed_errors_keep_their_exit_codes(config_file: Path, tmp_path: Path
     _method_update_raises(monkeypatch, DataError("dataset x: file y is truncated"))
     data = invoke("run", config_file, "--out", tmp_path / "data", "--no-progress")
     assert data.exit_code == 2 and error_lines(data) == ["error: dataset x: file y is truncated"]
+
+
+def test_the_engine_and_the_methods_do_not_import_torch_geometric_at_load() -> None:
+    """PyG takes seconds to import: it is imported where a GNN (or a GHN) is built, never when the engine or the
+    method registry loads, so `graphfed run` of a method without a GNN starts without it."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, graphfed.sim.engine, graphfed.methods, graphfed.setup; "
+             "print('PYG' if 'torch_geometric' in sys.modules else 'NO-PYG')")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "NO-PYG"

@@ -132,3 +132,45 @@ def test_random_broken_federation_folders_are_refused_in_one_line(mutation: str,
         config.write_text(yaml.safe_dump({**BASE, "dataset": {"name": "folder", "data_dir": str(root)}}))
         out = Path(folder) / "out"
         _assert_clean_refusal(runner.invoke(cli.app, ["run", str(config), "--out", str(out), "--no-progress"]), out)
+
+
+# ---- command-line values are input too ---------------------------------------------------------------------------
+
+#: keys a user types after --set: real ones, misspelt ones, malformed paths
+SET_KEYS = st.one_of(
+    st.sampled_from(["train.lr", "train.rounds", "train.metrics", "dataset.split", "dataset.name", "method.name",
+                     "method.options.hypernet_hidden", "method.options.server_lr", "model.options.hidden",
+                     "train.device", "tracking.backends", "dataset.window", "train.autotune", "seed"]),
+    st.text(alphabet="abz._ ü\x00", min_size=0, max_size=12))
+#: YAML fragments: unbalanced brackets, tags, anchors, unicode, huge numbers, plain words
+SET_VALUES = st.one_of(
+    st.sampled_from(["[1,", "{a: ", "]", "!!python/object:os.system", "*anchor", "&a [*a]", "'unclosed", "1e999",
+                     "99999999999999999999999", "-1", "true", "null", "[0.7, '0.1', 0.2]", "ü", "\x1b[31m"]),
+    st.text(max_size=20))
+
+
+@FUZZ
+@given(key=SET_KEYS, value=SET_VALUES)
+def test_any_set_value_is_valid_or_one_line_exit_2_and_nothing_written(key: str, value: str) -> None:
+    """`--set KEY=VALUE` with whatever a user might type: the command either accepts it or answers exit 2 with one
+    line (no traceback, no Python locals) and writes nothing."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "app"
+        result = runner.invoke(cli.app, ["flower-app", "configs/demo_fl60.yaml", "--out", str(out), "--set",
+                                         f"{key}={value}"])
+        assert result.exit_code in (0, 2), (key, value, result.output)
+        if result.exit_code == 2:
+            lines = [line for line in result.stderr.splitlines() if line.strip()]
+            assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.output
+            assert not out.exists()
+
+
+def test_the_issues_command_lines_are_one_line_errors(tmp_path: Path) -> None:
+    for setting in ("train.lr=[1,", "method.options.hypernet_hidden=true", "dataset.split=['0.7',0.1,0.2]",
+                    'method.options.server_lr="0.5"'):
+        result = runner.invoke(cli.app, ["run", "configs/demo_fl60.yaml", "--set", setting, "--out",
+                                         str(tmp_path / "out"), "--no-progress"])
+        assert result.exit_code == 2, (setting, result.output)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and "Traceback" not in result.output, lines
+        assert not (tmp_path / "out").exists()

@@ -6,10 +6,10 @@ import importlib.resources
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
 from graphfed.errors import ConfigError  # defined with the other user-facing errors; importable from here too
 
@@ -21,20 +21,14 @@ def printable(text: str) -> str:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # Strict types: lax coercion would read YAML's `true` as the integer 1 (train.rounds=true ran one round) and the
+    # quoted text "0.7" as a number; a number field takes a number (an integer where a float belongs is fine), a
+    # boolean a boolean, text text.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
-    @field_validator("*", mode="before")
-    @classmethod
-    def _numbers_are_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        # Lax coercion would read YAML's `true` as the integer 1 (train.rounds=true ran one round) and the
-        # quoted text "1" as a number; a number field takes a number.
-        annotation = cls.model_fields[info.field_name].annotation if info.field_name else None
-        numeric = annotation in (int, float) or str(annotation) in ("int | None", "float | None")
-        if numeric and isinstance(value, bool):
-            raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
-        if numeric and isinstance(value, str):
-            raise ValueError(f"expected a number, got the text {value!r}")
-        return value
+
+#: a float inside a container that YAML gives as a list (the container is lax, its items strict)
+StrictNumber = Annotated[float, Strict()]
 
 
 def _names_as_text(names: Any) -> Any:
@@ -59,7 +53,7 @@ class DatasetConfig(_Strict):
     client_fraction: float | None = Field(default=None, gt=0.0, le=1.0, description="partitioned datasets: each "
                                           "client keeps this share of all rows (FLHA-GHN's 'local data %'; the "
                                           "partition decides which labels, this how many); default: all rows dealt")
-    split: tuple[float, float, float] = (0.7, 0.1, 0.2)
+    split: tuple[StrictNumber, StrictNumber, StrictNumber] = Field(default=(0.7, 0.1, 0.2), strict=False)
     split_mode: Literal["random", "chronological"] = "random"
     novel_fraction: float = Field(default=0.0, ge=0.0, lt=1.0, description="share of clients held out of training "
                                   "(novel clients), drawn from the seed")
@@ -293,10 +287,33 @@ def register_name_check(check: Callable[[RunConfig], None]) -> None:
         NAME_CHECKS.append(check)
 
 
+def given(value: Any) -> str:
+    """What a wrong-typed value was, for an error message: "the boolean true", "the text '0.5'"..."""
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, str):
+        return f"the text {printable(value)[:60]!r}"
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, list | tuple):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return f"{type(value).__name__} {printable(repr(value))[:60]}"
+
+
+def error_message(error: Any) -> str:
+    """One pydantic error as a sentence; a wrong type also says what was given."""
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"].endswith("_type") and "input" in error:
+        message = f"{message}, got {given(error['input'])}"
+    return message
+
+
 def _first_error(err: ValidationError) -> str:
     first = err.errors()[0]
     field = ".".join(str(part) for part in first["loc"])
-    message = first["msg"].removeprefix("Value error, ")
+    message = error_message(first)
     if first["type"] == "extra_forbidden":
         parent = first["loc"][:-1]
         model: type[BaseModel] = RunConfig
@@ -314,7 +331,18 @@ def parse_override(text: str, flag: str = "--set", example: str = "train.rounds=
     if "=" not in text:
         raise ConfigError(f"{flag} {text!r}: expected KEY=VALUE, e.g. {example}")
     key, raw = text.split("=", 1)
-    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+    keys = key.strip().split(".")
+    if not all(part.strip() for part in keys):
+        raise ConfigError(f"{flag} {printable(text)!r}: the key has an empty part, e.g. {example}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as error:
+        reason = printable(str(error).splitlines()[0]) if str(error) else type(error).__name__
+        raise ConfigError(f"{flag} {printable(text)!r}: the value is not valid YAML ({reason}); quote it or fix "
+                          f"its brackets, e.g. {example}") from None
+    except RecursionError:
+        raise ConfigError(f"{flag} {printable(text)[:80]!r}: the value is nested too deeply") from None
+    return keys, value
 
 
 #: short names of the configs shipped inside the package (``graphfed run demo``)

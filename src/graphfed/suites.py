@@ -38,7 +38,7 @@ from graphfed.config import ConfigError, RunConfig, read_yaml_mapping, validate_
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class PaperCell(_Strict):

@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from graphfed.config import error_message
 from graphfed.errors import ConfigError
 from graphfed.methods.base import Method, MethodContext, MethodOptions
 from graphfed.methods.cfl import CFL
@@ -58,7 +59,8 @@ def parse_options(cls: type[Method], options: dict[str, Any]) -> MethodOptions:
         first = err.errors()[0]
         field = ".".join(str(part) for part in first["loc"])
         allowed = ", ".join(sorted(cls.Options.model_fields))
-        raise ConfigError(f"method.options.{field}: {first['msg']} (options of '{cls.name}': {allowed})") from None
+        raise ConfigError(f"method.options.{field}: {error_message(first)} (options of '{cls.name}': {allowed})"
+                          ) from None
 
 
 __all__ = ["METHODS", "MIXED_ARCHITECTURE_METHODS", "Method", "MethodContext", "method_class", "parse_options"]

@@ -32,7 +32,8 @@ from graphfed.models.family import ArchitectureFamily
 class MethodOptions(BaseModel):
     """Base for each method's typed options (``method.options`` in the config)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # strict types, as the run config: `hypernet_hidden: true` is an error, not a hypernetwork one unit wide
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 @dataclass

@@ -36,7 +36,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
-from torch_geometric.nn import GraphConv
 
 from graphfed.models.arch_graph import FEATURES, architecture_graph
 from graphfed.models.base import TargetModel
@@ -164,6 +163,8 @@ class GraphHypernetwork(nn.Module):
                  heads: Literal["mlp", "linear"] = "mlp") -> None:
         super().__init__()
         self.types = list(types)
+        from torch_geometric.nn import GraphConv  # imported where a GHN is built: PyG takes seconds to import
+
         self.gnn = nn.ModuleList(GraphConv(FEATURES if i == 0 else latent, latent, aggr="add")
                                  for i in range(gnn_layers))
         node_dim = latent if gnn_layers else FEATURES
