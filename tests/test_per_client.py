@@ -224,3 +224,21 @@ def test_compare_puts_methods_and_variants_in_one_table(make_config: ConfigFacto
     bad = CliRunner().invoke(app, ["compare", "configs/demo_fl60.yaml", "--variant", "../up:train.rounds=2",
                                    "--out", str(tmp_path / "bad")])
     assert bad.exit_code == 2 and "give LABEL:KEY=VALUE" in bad.stderr and not (tmp_path / "bad").exists()
+
+
+def test_under_attack_compare_heads_its_table_with_the_honest_clients(tmp_path: Path) -> None:
+    """With malicious clients the headline is the honest clients' score, the attackers' score and the attack success
+    rate beside it (the all-clients mean mixes the attackers in)."""
+    from conftest import tiny_overrides
+
+    sets = [arg for override in tiny_overrides("fedavg", "attack.kind=label_flip", "attack.count=3")
+            for arg in ("--set", override)]
+    result = CliRunner().invoke(app, ["compare", "configs/demo_fl60.yaml", *sets, "--methods", "fedavg,local",
+                                      "--out", str(tmp_path), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    table = (tmp_path / "compare.md").read_text()
+    header = next(line for line in table.splitlines() if line.startswith("| method"))
+    assert header.split(" | ")[1].startswith("honest clients' test") and "malicious clients' test" in header
+    fedavg = RunResult.model_validate_json((tmp_path / "fedavg" / "seed0" / "summary.json").read_text())
+    row = next(line for line in table.splitlines() if line.startswith("| fedavg |"))
+    assert row.split(" | ")[1].startswith(f"{100 * fedavg.honest_test_mean:.2f}")

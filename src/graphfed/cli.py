@@ -199,6 +199,8 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
     from graphfed.config import apply_overrides
     from graphfed.report.plots import plot_comparison
     from graphfed.report.tables import (
+        attack_cells,
+        attack_headers,
         compare_rows,
         headers,
         markdown_table,
@@ -242,11 +244,13 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
     rows = compare_rows(summaries)
     metric = rows[0]["metric"]
     dataset = next(iter(summaries.values()))[0].dataset  # a folder's own name (meta.yaml), not "folder"
-    table = Table(title=f"{dataset}: personalised {metric_label(metric)}, {seeds} seed(s)")
-    for header in headers(metric):
+    attacked = any(row["attacked"] for row in rows)  # the headline is then the honest clients' score
+    table = Table(title=f"{dataset}: personalised {metric_label(metric)}, {seeds} seed(s)"
+                        + (" (malicious clients took part)" if attacked else ""))
+    for header in attack_headers(metric) if attacked else headers(metric):
         table.add_column(header, overflow="fold")
     for row in rows:
-        table.add_row(*row_cells(row))
+        table.add_row(*(attack_cells(row) if attacked else row_cells(row)))
     show(table)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "compare.md", markdown_table(rows))

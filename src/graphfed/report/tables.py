@@ -82,6 +82,11 @@ def compare_rows(summaries: dict[str, list[RunResult]]) -> list[dict[str, Any]]:
             # standard error over test rows (classification; runs before it was recorded lack it)
             "row_se": _mean_std([r.test_row_se for r in runs]),
             "peak_rss_mb": max((r.peak_rss_mb for r in runs if r.peak_rss_mb is not None), default=None),
+            # under attack: the honest clients' score (the headline `compare` prints), the attackers', the ASR
+            "attacked": any(r.attack.get("kind", "none") != "none" for r in runs),
+            "honest": _mean_std([r.honest_test_mean for r in runs]),
+            "malicious": _mean_std([r.malicious_test_mean for r in runs]),
+            "asr": _mean_std([r.asr_mean for r in runs]),
             # the per-seed scores the verdicts test (report.json keeps them, and each run's summary with its seed)
             "per_seed": {"test": _present([r.test_mean for r in runs]),
                          "novel": _present([r.novel_mean for r in runs]),
@@ -107,11 +112,28 @@ def row_cells(row: dict[str, Any]) -> list[str]:
             f"{row['wall_seconds']:.1f}", f"{row['mb_up']:.2f}"]
 
 
+def attack_headers(metric: str) -> list[str]:
+    """`compare`'s columns when malicious clients took part: the honest clients' score first."""
+    return ["method", f"honest clients' test {metric_label(metric)}", "malicious clients' test",
+            "attack success rate", "all clients' test", "wall s", "MB up"]
+
+
+def attack_cells(row: dict[str, Any]) -> list[str]:
+    metric, n = row["metric"], row["seeds"]
+    asr = row["asr"]
+    asr_text = "—" if asr is None else (f"{100 * asr[0]:.2f} (n=1)" if n == 1 else
+                                        f"{100 * asr[0]:.2f} ± {100 * asr[1]:.2f}")
+    return [row["method"], format_value(row["honest"], metric, n), format_value(row["malicious"], metric, n),
+            asr_text, format_value(row["test"], metric, n), f"{row['wall_seconds']:.1f}", f"{row['mb_up']:.2f}"]
+
+
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     metric = rows[0]["metric"] if rows else "accuracy"
-    columns = headers(metric)
+    attacked = any(row["attacked"] for row in rows)
+    columns = attack_headers(metric) if attacked else headers(metric)
+    cells = attack_cells if attacked else row_cells
     lines = [metric_note(metric), "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(row_cells(row)) + " |" for row in rows]
+    lines += ["| " + " | ".join(cells(row)) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 
