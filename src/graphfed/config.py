@@ -155,6 +155,9 @@ class TrainConfig(_Strict):
                              "above which a row counts as positive (sensitivity, specificity)")
     select_by: str | None = Field(default=None, description="the validation metric that picks the reported round: "
                                   "accuracy / mse (default) or one of train.metrics")
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="simulated faults: the probability that a "
+                           "selected client's upload is lost in a round (seeded; the client still trained and keeps "
+                           "its state, the server never sees its update); summary.json counts lost_uploads")
     patience: int | None = Field(default=None, ge=1, description="early stopping: stop after this many evaluations "
                                  "in a row without a validation score better than the best by more than min_delta "
                                  "(default: never stop early)")

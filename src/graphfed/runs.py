@@ -277,6 +277,8 @@ class RunResult(BaseModel):
     #: that define it; each client's value is in ``per_client``)
     metrics: dict[str, dict[str, float | None]] | None = None
     select_by: str | None = None  #: the validation metric that chose ``best_round``
+    dropout: float | None = None  #: ``train.dropout`` when uploads were lost on purpose (simulated faults)
+    lost_uploads: int | None = None  #: client updates lost to ``train.dropout`` over the run
     #: why ``models/best.pt`` was not written (None: it holds every client's model at ``best_round``)
     models_note: str | None = None
     #: ``{"round", "patience", "min_delta"}`` when early stopping ended the run before ``train.rounds``

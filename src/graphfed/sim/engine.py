@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from graphfed import runs
 from graphfed.client.evaluation import ClientScores, trivial_scores
-from graphfed.client.executor import ClientExecutor, ClientRuntime, check_update
+from graphfed.client.executor import ClientExecutor, ClientRuntime, TrainResult, check_update
 from graphfed.client.metrics import (
     BINARY_ONLY,
     CLASSIFICATION_METRICS,
@@ -73,6 +73,7 @@ class Tracker:
     elapsed: float = 0.0
     #: evaluations since the validation score last improved by more than ``min_delta`` (early stopping)
     since_improvement: int = 0
+    lost_uploads: int = 0  #: client updates lost to ``train.dropout``
 
     def offer(self, record: dict[str, Any], min_delta: float = 0.0) -> None:
         """Keep ``record`` if its validation score is the best so far; count evaluations without an improvement
@@ -184,6 +185,8 @@ class Simulator:
         if communicates:
             self.tracker.bytes_down += (self.setup.wire_values(client_ids) + extra_down) * BYTES_PER_VALUE
         result = self.executor.train(client_ids, sent, round_index, "local_training", broadcast=broadcast)
+        if self.config.train.dropout > 0:
+            result = self._lose_uploads(result, round_index)
         check_update(result.delta, result.client_ids, spec.dim, round_index, self.setup.federation.client_names)
         if len(result.client_ids) == 0:
             log.warning("round %d: no client update arrived; the server model is unchanged", round_index + 1)
@@ -201,6 +204,16 @@ class Simulator:
         if not math.isfinite(loss):
             raise NonFiniteUpdateError(f"round {round_index + 1}: non-finite training loss")
         return {"train_loss": loss, "clients": len(result.client_ids)}
+
+    def _lose_uploads(self, result: TrainResult, round_index: int) -> TrainResult:
+        """``train.dropout``: each upload is lost with that probability (one seeded stream per round), the way a
+        Flower node's reply can fail to arrive; the method sees only the updates that arrived."""
+        draws = torch.rand(len(result.client_ids), generator=rng.generator(self.config.seed, round_index, "dropout"),
+                           device="cpu")
+        kept = draws >= self.config.train.dropout
+        self.tracker.lost_uploads += int((~kept).sum())
+        return TrainResult(result.rows[kept], result.client_ids[kept], result.delta[kept.to(result.delta.device)],
+                           {name: value[kept.to(value.device)] for name, value in result.metrics.items()})
 
     def score_all(self, round_index: int) -> dict[str, ClientScores]:
         """Every client's personalised model on its val and test split (its client rule decides what that is)."""
@@ -601,6 +614,8 @@ class Simulator:
                 "late_test_mean": best.get("late_test_mean"), "late_test_final": last.get("late_test_mean")}
                if len(self.late_ids) else {}),
             "client_graph": self._graph_record(),
+            **({"dropout": cfg.train.dropout, "lost_uploads": self.tracker.lost_uploads}
+               if cfg.train.dropout > 0 else {}),
             "wall_seconds": round(self.tracker.elapsed, 3),
             "bytes_up": self.tracker.bytes_up, "bytes_down": self.tracker.bytes_down,
             "peak_rss_mb": peak_rss_mb(), "torch_threads": cfg.torch_threads,
