@@ -242,3 +242,21 @@ def test_under_attack_compare_heads_its_table_with_the_honest_clients(tmp_path: 
     fedavg = RunResult.model_validate_json((tmp_path / "fedavg" / "seed0" / "summary.json").read_text())
     row = next(line for line in table.splitlines() if line.startswith("| fedavg |"))
     assert row.split(" | ")[1].startswith(f"{100 * fedavg.honest_test_mean:.2f}")
+
+
+def test_a_folders_target_scale_puts_the_mae_in_its_own_units(make_config: ConfigFactory, tmp_path: Path) -> None:
+    from graphfed.data.datasets.folder import write_federation
+    from graphfed.errors import ConfigError
+
+    rng = np.random.default_rng(5)
+    clients = {f"station-{k}": {split: (rng.normal(size=(rows, 3)), rng.normal(size=rows))
+                                for split, rows in (("train", 30), ("val", 10), ("test", 10))} for k in range(4)}
+    folder = write_federation(tmp_path / "air", clients, meta={"task": "regression", "target_scale": 12.5,
+                                                                "target_units": "µg/m³"})
+    config = make_config("local", "dataset.name=folder", f"dataset.data_dir={folder}", "dataset.num_clients=null",
+                         "dataset.novel_fraction=0.0")
+    result = Simulator(config, progress=False).run()
+    assert result.test_mae_original_units == pytest.approx(12.5 * result.test_mae)
+    (folder / "meta.yaml").write_text("task: regression\ntarget_scale: true\n")
+    with pytest.raises(ConfigError, match=r"meta.yaml: target_scale must be a positive number"):
+        build_federation(config.dataset, 0)

@@ -163,7 +163,7 @@ def trivial_scores(train: ClientSplit, test: ClientSplit, task: Task, num_classe
     else:
         sums = torch.zeros(n, *train.y.shape[1:], device=device).index_add_(0, owner, train.y[rows])
         mean = sums / train.counts.clamp_min(1).view(-1, *[1] * (train.y.ndim - 1))
-        per_row = (test.y[test_rows] - mean[test_owner]).pow(2).flatten(1).mean(dim=1)
+        per_row = (test.y[test_rows] - mean[test_owner]).pow(2).reshape(len(test_rows), -1).mean(dim=1)
     total = torch.zeros(n, device=device).index_add_(0, test_owner, per_row)
     scores = total / test.counts.clamp_min(1)
     return torch.where((train.counts > 0) & (test.counts > 0), scores, torch.nan).cpu()

@@ -42,7 +42,8 @@ SPLITS: tuple[str, str, str] = ("train", "val", "test")
 META_FILE = "meta.yaml"
 GRAPH_FILE = "graph.csv"
 CLIENTS_DIR = "clients"
-META_KEYS: tuple[str, ...] = ("task", "metric", "name", "description", "features", "target")
+META_KEYS: tuple[str, ...] = ("task", "metric", "name", "description", "features", "target", "target_scale",
+                               "target_units")
 TASK_METRIC: dict[str, Metric] = {"classification": "accuracy", "regression": "mse"}
 METRIC_TASK: dict[str, Task] = {"accuracy": "classification", "mse": "regression"}
 DEFAULT_TARGET = "y"  # the CSV target column when meta.yaml names none
@@ -64,6 +65,9 @@ class FolderMeta:
     description: str | None = None
     features: tuple[str, ...] | None = None  # CSV feature columns, in this order; None = all but the target
     target: str = DEFAULT_TARGET  # CSV target column
+    #: regression: one unit of the stored target in the data's own units (MAE is reported in them too)
+    target_scale: float | None = None
+    target_units: str | None = None  # the name of those units (e.g. "µg/m³"), for the description
 
 
 @dataclass
@@ -164,10 +168,20 @@ def read_meta(root: Path) -> FolderMeta:
     target = data.get("target") or DEFAULT_TARGET
     if features is not None and target in features:
         raise _error(path, f"the target column {target!r} is also listed in features")
+    scale = data.get("target_scale")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, int | float) or not scale > 0
+                              or scale == float("inf")):
+        raise _error(path, f"target_scale must be a positive number (data units per stored unit), got {scale!r}")
+    units = data.get("target_units")
+    if units is not None and not (isinstance(units, str) and units.strip()):
+        raise _error(path, f"target_units must be text, e.g. mph, got {units!r}")
+    if (scale is not None or units is not None) and (task == "classification" or metric == "accuracy"):
+        raise _error(path, "target_scale / target_units apply to regression targets only")
     # A metric alone settles the task: metric mse means the targets are regression targets.
     resolved_task: Task | None = task if task is not None else (METRIC_TASK[metric] if metric is not None else None)
     return FolderMeta(task=resolved_task, metric=metric, name=data.get("name"), description=data.get("description"),
-                      features=tuple(features) if features is not None else None, target=target)
+                      features=tuple(features) if features is not None else None, target=target,
+                      target_scale=None if scale is None else float(scale), target_units=units)
 
 
 # ---- clients/ and the split files ---------------------------------------------------------------------------
@@ -483,7 +497,9 @@ def folder_to_federation(folder: FolderFederation, novel_fraction: float = 0.0,
     return Federation(name=folder.meta.name or folder.root.resolve().name, task=folder.task, train=train, val=val,
                       test=test, input_shape=folder.input_shape, output_dim=folder.output_dim, client_graph=graph,
                       novel_mask=novel, client_names=list(folder.client_ids), metric=folder.metric,
-                      description=description)
+                      description=description + (f"; targets in {folder.meta.target_units}"
+                                                 if folder.meta.target_units else ""),
+                      target_scale=folder.meta.target_scale if folder.task == "regression" else None)
 
 
 def load_federation(root: str | Path, novel_fraction: float = 0.0,
