@@ -128,6 +128,20 @@ def test_resume_with_a_changed_config_is_refused(make_config: ConfigFactory, tmp
         run_config(make_config("fedavg", "train.rounds=5", "train.lr=0.01"), tmp_path, resume=True, progress=False)
 
 
+def test_resuming_a_flower_checkpoint_in_the_simulator_says_exactly_why_not(make_config: ConfigFactory,
+                                                                            tmp_path: Path) -> None:
+    """A Flower ServerApp checkpoints the server only (``clients: {}``): `--resume` in the simulator names that,
+    instead of failing on the missing client state."""
+    from graphfed.sim.checkpoint import load_checkpoint, save_checkpoint
+
+    config = make_config("fedavg", "train.rounds=5")
+    run_config(config, tmp_path, progress=False)
+    state = load_checkpoint(tmp_path)
+    save_checkpoint(tmp_path, {**state, "clients": {}})  # what the Flower ServerApp writes
+    with pytest.raises(CheckpointError, match=r"written by a Flower run, whose client state stays on its nodes"):
+        run_config(config, tmp_path, resume=True, progress=False)
+
+
 def test_a_run_is_the_same_wherever_its_data_lies_but_a_federation_folder_keeps_its_name() -> None:
     """``same_run`` (resume and bench both use it) ignores where the data lies, so a clone under another root keeps
     its runs; a federation folder is the data itself, so another folder name is another run."""

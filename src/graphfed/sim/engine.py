@@ -371,6 +371,11 @@ class Simulator:
         if not 0 <= completed <= self.config.train.rounds:
             raise CheckpointError(f"--resume: the checkpoint claims {completed} completed rounds of "
                                      f"{self.config.train.rounds}")
+        if state.get("clients") == {} and isinstance(self.executor, ClientRuntime):
+            # the Flower ServerApp checkpoints the server only: its clients' state stays on the nodes
+            raise CheckpointError("--resume: this checkpoint was written by a Flower run, whose client state stays "
+                                  "on its nodes; the simulator cannot continue it (resuming on Flower is not "
+                                  "supported yet); start a new run in another --out directory")
         unknown = set(state["tracker"]) - set(vars(self.tracker))
         if unknown:
             raise CheckpointError(f"--resume: the checkpoint's tracker has unknown fields {sorted(unknown)}")
