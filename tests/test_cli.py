@@ -358,12 +358,13 @@ def test_graphfed_errors_keep_their_exit_codes(config_file: Path, tmp_path: Path
 
 def test_the_engine_and_the_methods_do_not_import_torch_geometric_at_load() -> None:
     """PyG takes seconds to import: it is imported where a GNN (or a GHN) is built, never when the engine or the
-    method registry loads, so `graphfed run` of a method without a GNN starts without it."""
+    method registry loads, so `graphfed run` of a method without a GNN starts without it; the same for scikit-learn
+    and matplotlib."""
     import subprocess
     import sys
 
     probe = ("import sys, graphfed.sim.engine, graphfed.methods, graphfed.setup; "
-             "print('PYG' if 'torch_geometric' in sys.modules else 'NO-PYG')")
+             "print(sorted({'torch_geometric', 'sklearn', 'matplotlib'} & set(sys.modules)))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "NO-PYG"
+    assert done.stdout.strip() == "[]"  # nor scikit-learn (train.metrics) or matplotlib (plots): imported on use

@@ -536,11 +536,11 @@ def configs_list() -> None:
 def configs_copy(name: Annotated[str, typer.Argument(help="a packaged config (graphfed configs list)")],
                  to: Annotated[Path, typer.Option("--to", help="where to write it")] = Path(".")) -> None:
     """Copy a packaged config next to you, to edit."""
-    from graphfed.config import packaged_configs, resolve_config_path
+    from graphfed.config import packaged_config, packaged_configs
     from graphfed.runs import atomic_write_text
 
-    source = resolve_config_path(name)
-    if source.resolve().parent != next(iter(packaged_configs().values()), source).resolve().parent:
+    source = packaged_config(name)
+    if source is None:
         _fail(f"no packaged config {name!r}; packaged: {', '.join(p.stem for p in packaged_configs().values())}",
               EXIT_CONFIG)
     target = to / source.name if to.is_dir() else to

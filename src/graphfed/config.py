@@ -358,17 +358,21 @@ def packaged_configs() -> dict[str, Path]:
     return {path.name: path for path in sorted(folder.glob("*.yaml"))} if folder.is_dir() else {}
 
 
+def packaged_config(name: str | Path) -> Path | None:
+    """The packaged config ``name`` means (``demo``, ``demo_fl60``, ``demo_fl60.yaml``, ``configs/demo_fl60.yaml``),
+    or None."""
+    given = Path(name)
+    if given.parent not in (Path("."), Path("configs")):
+        return None
+    file = CONFIG_ALIASES.get(str(name), given.name if given.suffix else f"{given.name}.yaml")
+    return packaged_configs().get(file)
+
+
 def resolve_config_path(path: str | Path) -> Path:
-    """``path`` when it is a file; else the packaged config it names (``demo``, ``demo_fl60``,
-    ``configs/demo_fl60.yaml``), so the README's commands work from an installed wheel in an empty folder."""
+    """``path`` when it is a file; else the packaged config it names, so the README's commands work from an
+    installed wheel in an empty folder."""
     given = Path(path)
-    if given.is_file():
-        return given
-    name = CONFIG_ALIASES.get(str(path), given.name if given.suffix else f"{given.name}.yaml")
-    shipped = packaged_configs()
-    if name in shipped and (given.parent in (Path("."), Path("configs"))):
-        return shipped[name]
-    return given
+    return given if given.is_file() else (packaged_config(path) or given)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:

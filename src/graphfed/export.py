@@ -97,9 +97,10 @@ def read_rows(path: Path, input_shape: tuple[int, ...]) -> torch.Tensor:
             raise DataError(f"{path}: not a CSV of numbers with a header line ({error})") from None
     else:
         raise DataError(f"{path}: give a .csv or an .npz file")
-    if rows.size == 0 or rows.size % width or rows.reshape(len(rows), -1).shape[1] != width:
-        raise DataError(f"{path}: rows of {rows.reshape(len(rows), -1).shape[1] if rows.size else 0} values; the "
-                        f"model reads {width} per row (input shape {input_shape})")
+    per_row = rows.reshape(len(rows), -1).shape[1] if rows.size else 0
+    if per_row != width:
+        raise DataError(f"{path}: rows of {per_row} values; the model reads {width} per row (input shape "
+                        f"{input_shape})")
     if not np.isfinite(rows).all():
         raise DataError(f"{path}: non-finite values")
     return torch.from_numpy(rows.reshape(len(rows), *input_shape))

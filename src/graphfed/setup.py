@@ -147,7 +147,7 @@ class ClientSide:
         names = self.family.names if self.family is not None else [self.config.model.name]
         choices: dict[str, Any] = {}
         for name, network, rule in zip(names, networks, self.rules, strict=True):
-            choice = choose_clients_per_chunk(network, ParamSpec.from_module(network), self.federation.train, rule,
+            choice = choose_clients_per_chunk(network, rule.spec, self.federation.train, rule,
                                               clients_at_once, train.autotune, train.clients_per_chunk)
             network.clients_per_chunk = choice.clients_per_chunk
             choices[name] = choice.record()

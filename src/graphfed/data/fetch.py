@@ -55,8 +55,9 @@ class Source:
     licence: str
     description: str
     files: tuple[RemoteFile, ...]
-    #: other layouts the same loader reads (this project's own, e.g. a JPEG re-encoding): folder -> what it is
-    alternatives: dict[str, str] = field(default_factory=dict)
+    #: other layouts of the same data (this project's own, e.g. a JPEG re-encoding): folder -> (the dataset.name
+    #: that reads it, what it is)
+    alternatives: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 _MNIST = "https://ossci-datasets.s3.amazonaws.com/mnist/"
@@ -93,7 +94,8 @@ SOURCES: dict[str, Source] = {source.name: source for source in (
            "CIFAR-10, the official binary version (fixed-size records, no pickles), 50k train / 10k test",
            (RemoteFile("cifar-10-binary.tar.gz", "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz",
                        170052171, "c32a1d4ab5d03f1284b67883e8d87530", extract_to="."),),
-           {"cifar10-jpeg": "this project's JPEG re-encoding (cifar10_jpeg_images.tar.gz); read first when present"}),
+           {"cifar10-jpeg": ("cifar10", "this project's JPEG re-encoding (cifar10_jpeg_images.tar.gz); read first "
+                                        "when present")}),
     Source("cifar100", "cifar100", "cifar100", "no licence stated; cite Krizhevsky 2009",
            "CIFAR-100, the official binary version (coarse and fine labels), 50k train / 10k test",
            (RemoteFile("cifar-100-binary.tar.gz", "https://www.cs.toronto.edu/~kriz/cifar-100-binary.tar.gz",
@@ -104,7 +106,7 @@ SOURCES: dict[str, Source] = {source.name: source for source in (
            (RemoteFile("metr-la.h5", _DCRNN_DATA, manual=True),
             RemoteFile("distances_la_2012.csv", _DCRNN + "distances_la_2012.csv"),
             RemoteFile("graph_sensor_ids.txt", _DCRNN + "graph_sensor_ids.txt")),
-           {"metr-la-week": "one week of METR-LA as CSV (T-GCN's los_speed); dataset.name=metr-la-week"}),
+           {"metr-la-week": ("metr-la-week", "one week of METR-LA as CSV (T-GCN's los_speed)")}),
     Source("pems-bay", "pems-bay", "pems-bay", "MIT (DCRNN, Li et al. 2018)",
            "PEMS-BAY, 325 sensors, 1 January - 31 May 2017, 5-minute speeds (DCRNN's pems-bay.h5) and its "
            "road-distance sensor graph (distances_bay_2017.csv)",
@@ -331,11 +333,10 @@ def list_data(data_dir: Path) -> list[FolderStatus]:
         detail = entry.description if worst in ("verified", "present") else "; ".join(odd)
         rows.append(FolderStatus(entry.folder, entry.reads_as, worst, folder_size(folder), detail,
                                  f"graphfed data fetch {entry.name} --to {data_dir}"))
-        for alternative, what in entry.alternatives.items():
+        for alternative, (reads_as, what) in entry.alternatives.items():
             known.add(alternative)
             path = data_dir / alternative
             if path.is_dir():
-                reads_as = alternative if alternative == "metr-la-week" else entry.reads_as
                 rows.append(FolderStatus(alternative, reads_as, "present", folder_size(path), what, "-"))
     for path in sorted(data_dir.iterdir()) if data_dir.is_dir() else []:
         if path.is_dir() and path.name not in known:

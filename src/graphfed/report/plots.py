@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -138,8 +139,16 @@ def _client_axes(ax: Any, count: int, clients: tuple[list[str], Any] | None) -> 
                 label.set_color("tab:red")
 
 
-def _heatmap_grid(panels: list[tuple[str, Any]], title: str, path: Path,
-                  clients: tuple[list[str], Any] | None = None) -> Path:
+def graph_heatmap_png(graph: Any, title: str = "") -> bytes:
+    """A collaboration graph ``[N, N]`` (or ``[L, N, N]``: its first layer) as a PNG heatmap, for trackers."""
+    matrix = graph[0] if graph.ndim == 3 else graph
+    buffer = io.BytesIO()
+    _heatmap_grid([("collaboration graph", matrix.detach().cpu().numpy())], title, buffer)
+    return buffer.getvalue()
+
+
+def _heatmap_grid(panels: list[tuple[str, Any]], title: str, path: Path | io.BytesIO,
+                  clients: tuple[list[str], Any] | None = None) -> Path | io.BytesIO:
     columns = min(4, len(panels))
     rows = (len(panels) + columns - 1) // columns
     fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 3.0 * rows), squeeze=False, layout="constrained")

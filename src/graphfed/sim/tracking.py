@@ -65,22 +65,13 @@ def flat_params(config: RunConfig) -> dict[str, str]:
     return out
 
 
-def heatmap_png(graph: torch.Tensor) -> bytes:
-    """A collaboration graph ``[N, N]`` (or its first layer) as a PNG heatmap."""
-    import matplotlib
+def heatmap_image(graphs: torch.Tensor) -> Any:
+    """The collaboration graph's heatmap as a PIL image (matplotlib is imported only when one is drawn)."""
+    from PIL import Image
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from graphfed.report.plots import graph_heatmap_png
 
-    matrix = graph[0] if graph.ndim == 3 else graph
-    figure, axes = plt.subplots(figsize=(4, 4))
-    axes.imshow(matrix.detach().cpu().numpy(), cmap="viridis")
-    axes.set_xlabel("client j")
-    axes.set_ylabel("client i")
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=80, bbox_inches="tight")
-    plt.close(figure)
-    return buffer.getvalue()
+    return Image.open(io.BytesIO(graph_heatmap_png(graphs)))
 
 
 class CsvTracker:
@@ -124,9 +115,7 @@ class TensorBoardTracker:
             if values:
                 self.writer.add_histogram(f"per_client/{split}", np.asarray(values), step)
         if graphs is not None:
-            from PIL import Image
-
-            image = np.asarray(Image.open(io.BytesIO(heatmap_png(graphs))).convert("RGB"))
+            image = np.asarray(heatmap_image(graphs).convert("RGB"))
             self.writer.add_image("collaboration_graph", image, step, dataformats="HWC")
         self.writer.flush()
 
@@ -151,9 +140,7 @@ class MlflowTracker:
     def evaluation(self, record: dict[str, Any], graphs: torch.Tensor | None) -> None:
         self.mlflow.log_metrics(scalars(record), step=int(record["round"]))
         if graphs is not None:
-            from PIL import Image
-
-            self.mlflow.log_image(Image.open(io.BytesIO(heatmap_png(graphs))),
+            self.mlflow.log_image(heatmap_image(graphs),
                                   f"collaboration_graph/round_{record['round']:04d}.png")
 
     def end(self, result: RunResult) -> None:
