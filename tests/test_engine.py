@@ -130,16 +130,19 @@ def test_resume_with_a_changed_config_is_refused(make_config: ConfigFactory, tmp
 
 def test_resuming_a_flower_checkpoint_in_the_simulator_says_exactly_why_not(make_config: ConfigFactory,
                                                                             tmp_path: Path) -> None:
-    """A Flower ServerApp checkpoints the server only (``clients: {}``): `--resume` in the simulator names that,
-    instead of failing on the missing client state."""
+    """A Flower ServerApp checkpoints the server and its run token (its clients' state stays on the nodes; older
+    versions wrote ``clients: {}``): `--resume` in the simulator names that and says how to continue on Flower."""
     from graphfed.sim.checkpoint import load_checkpoint, save_checkpoint
 
     config = make_config("fedavg", "train.rounds=5")
     run_config(config, tmp_path, progress=False)
     state = load_checkpoint(tmp_path)
-    save_checkpoint(tmp_path, {**state, "clients": {}})  # what the Flower ServerApp writes
-    with pytest.raises(CheckpointError, match=r"written by a Flower run, whose client state stays on its nodes"):
-        run_config(config, tmp_path, resume=True, progress=False)
+    for flower_clients in ({}, {"flower": {"run_token": "0" * 32}}):
+        save_checkpoint(tmp_path, {**state, "clients": flower_clients})
+        with pytest.raises(CheckpointError, match=r"written by a Flower run after round 5; its clients' state is on "
+                                                  r"its nodes, so only Flower can continue it: start the same Flower "
+                                                  r"App again \(flwr run\), its ServerApp resumes"):
+            run_config(config, tmp_path, resume=True, progress=False)
 
 
 def test_a_run_is_the_same_wherever_its_data_lies_but_a_federation_folder_keeps_its_name() -> None:

@@ -140,8 +140,8 @@ def test_wrong_shape_pfedgat_feedback_is_dropped() -> None:
 
 
 def test_a_node_claiming_a_partition_id_already_served_is_refused() -> None:
-    """A second node claiming client 1's partition id is refused for the whole run; client 1's own node serves it,
-    and the federation's numbers are those of an honest run."""
+    """A second node claiming client 1's partition id is refused while client 1's own node serves it (the whole
+    run here), and the federation's numbers are those of an honest run."""
     config = flower_config("fedavg", "dataset.novel_fraction=0", f"train.clients_per_round={NUM_CLIENTS}",
                            "train.rounds=2")
     grid = grid_for(config)
@@ -153,7 +153,8 @@ def test_a_node_claiming_a_partition_id_already_served_is_refused() -> None:
     first_claim = min(grid.node_of_partition(1), impostor)  # nodes are asked in id order; the first claim holds
     second_claim = max(grid.node_of_partition(1), impostor)
     assert refused == [{"node": second_claim, "claimed": 1,
-                        "reason": f"partition id 1 is already served by node {first_claim} in this run"}]
+                        "reason": f"partition id 1 is already served by node {first_claim} in this run (it takes "
+                                  f"the client over if that node leaves)"}]
     # the impostor's own partition (4) has no node: dropped every round, counted
     assert summary.drop_counts["no_node"] >= 2
 

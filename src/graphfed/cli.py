@@ -157,11 +157,14 @@ def _print_summary(summary: RunResult) -> None:
                         f"{summary.best_round} of {summary.rounds})")
     from graphfed.report.tables import metric_label
 
-    for header in (f"test {metric_label(metric)} (mean ± std over clients)", "pooled", "novel", "novel (adapted)",
-                   "wall s"):
+    for header in (f"test {metric_label(metric)} (mean ± std over clients)", "clients scored", "pooled", "novel",
+                   "novel (adapted)", "wall s"):
         table.add_column(header, overflow="fold")
     pooled = summary.test_pooled
-    table.add_row(format_value((summary.test_mean, summary.test_std), metric),
+    scored, training = summary.scored_clients, summary.training_clients
+    coverage = "—" if scored is None or training is None else f"{scored} of {training}" + (
+        " (shrank: replies lost)" if scored < training else "")
+    table.add_row(format_value((summary.test_mean, summary.test_std), metric), coverage,
                   format_value((pooled, 0.0), metric).split(" ±")[0],
                   format_value(None if summary.novel_mean is None
                                else (summary.novel_mean, summary.novel_std), metric),

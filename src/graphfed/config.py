@@ -158,6 +158,11 @@ class TrainConfig(_Strict):
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="simulated faults: the probability that a "
                            "selected client's upload is lost in a round (seeded; the client still trained and keeps "
                            "its state, the server never sees its update); summary.json counts lost_uploads")
+    stragglers: float = Field(default=0.0, ge=0.0, lt=1.0, description="simulated faults: the share of training "
+                              "clients (drawn from the seed) whose uploads arrive straggler_delay rounds late; a "
+                              "method that cannot use a late upload loses it; summary.json counts late_uploads")
+    straggler_delay: int = Field(default=1, ge=0, description="stragglers: rounds an upload arrives late (0: it never "
+                                 "arrives)")
     patience: int | None = Field(default=None, ge=1, description="early stopping: stop after this many evaluations "
                                  "in a row without a validation score better than the best by more than min_delta "
                                  "(default: never stop early)")
@@ -196,6 +201,15 @@ class FlowerConfig(_Strict):
                                "node's ClientApp reserves (client-resources-num-cpus)")
     client_gpus: float = Field(default=0.0, ge=0, description="Flower's simulation engine: the share of a GPU each "
                                "virtual node reserves (client-resources-num-gpus; 0.25 = four nodes per GPU)")
+    min_replies: int | None = Field(default=None, ge=1, description="partial cohorts: a training round whose "
+                                    "replies are fewer than this (or than the clients it asked, if fewer) stops the "
+                                    "run with status 'stopped: ...' and its last checkpoint kept, to resume; default: "
+                                    "a round completes with whatever arrived before round_timeout")
+    checkpoint_every: int = Field(default=1, ge=1, description="rounds between the ServerApp's checkpoints (a "
+                                  "deployment resumes from the last one; train.checkpoint_every is the simulator's)")
+    resume: Literal["auto", "never"] = Field(default="auto", description="auto: a ServerApp started on a results "
+                                             "folder that holds an unfinished run of this config continues it from "
+                                             "its checkpoint; never: it starts again at round 1")
 
 
 #: attacks that rewrite what a malicious client uploads (``attacks.poisoning``); the others rewrite its training data

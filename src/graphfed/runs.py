@@ -278,7 +278,14 @@ class RunResult(BaseModel):
     metrics: dict[str, dict[str, float | None]] | None = None
     select_by: str | None = None  #: the validation metric that chose ``best_round``
     dropout: float | None = None  #: ``train.dropout`` when uploads were lost on purpose (simulated faults)
-    lost_uploads: int | None = None  #: client updates lost to ``train.dropout`` over the run
+    #: client updates lost to ``train.dropout`` (and stragglers' a method cannot use late) over the run
+    lost_uploads: int | None = None
+    stragglers: list[str] | None = None  #: ``train.stragglers``: the clients whose uploads arrive late
+    straggler_delay: int | None = None
+    late_uploads: int | None = None  #: straggler updates the method received late
+    #: how many training clients the reported test mean covers, of ``training_clients`` (fewer: replies were lost)
+    scored_clients: int | None = None
+    training_clients: int | None = None
     #: why ``models/best.pt`` was not written (None: it holds every client's model at ``best_round``)
     models_note: str | None = None
     #: ``{"round", "patience", "min_delta"}`` when early stopping ended the run before ``train.rounds``
@@ -310,6 +317,9 @@ class RunResult(BaseModel):
     dropped_clients: list[dict[str, Any]] | None = None
     drop_counts: dict[str, int] | None = None
     refused_nodes: list[dict[str, Any]] | None = None
+    missed_rounds: dict[str, list[int]] | None = None  #: client name -> the rounds its reply did not arrive in
+    readmitted: list[dict[str, Any]] | None = None  #: clients taken over by a new node after theirs left
+    resumed_at: list[int] | None = None  #: the completed rounds each restart of the ServerApp continued after
     #: set by ``graphfed bench`` when it ran the cell: seconds including the process start
     cell_seconds: float | None = None
 

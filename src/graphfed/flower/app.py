@@ -20,8 +20,9 @@ from graphfed.config import RunConfig, validate_config
 from graphfed.flower import protocol
 from graphfed.flower.client import client_app
 from graphfed.flower.server import FlowerExecutor
-from graphfed.runs import RunResult
+from graphfed.runs import RunResult, read_result
 from graphfed.setup import Setup
+from graphfed.sim.checkpoint import CHECKPOINT
 from graphfed.sim.engine import Simulator
 
 server_app = ServerApp()
@@ -30,14 +31,32 @@ log = logging.getLogger("graphfed.flower")
 
 def run_on_grid(grid: Grid, config: RunConfig, out_dir: str | Path | None) -> RunResult:
     """The simulator's round loop with clients on ``grid``; writes the usual run directory to ``out_dir`` (its
-    result carries what only Flower knows: dropped clients and refused nodes)."""
+    result carries what only Flower knows: dropped clients, refused nodes, clients that came back), with a
+    checkpoint every ``flower.checkpoint_every`` rounds. With ``flower.resume: auto`` an unfinished run of this
+    config in ``out_dir`` (a ServerApp that died, a run stopped by ``flower.min_replies``) continues from its
+    checkpoint."""
 
     def make_executor(setup: Setup) -> FlowerExecutor:
         executor = FlowerExecutor(grid, config, setup)
         executor.wait_for_nodes()
         return executor
 
-    return Simulator(config, out_dir, progress=False, executor=make_executor).run()
+    resume = out_dir is not None and config.flower.resume == "auto" and unfinished_run(Path(out_dir))
+    if resume:
+        log.info("resuming the unfinished run in %s from its checkpoint", out_dir)
+    return Simulator(config, out_dir, progress=False, executor=make_executor,
+                     checkpoint_every=config.flower.checkpoint_every).run(resume=resume)
+
+
+def unfinished_run(out_dir: Path) -> bool:
+    """Whether ``out_dir`` holds a run that has a checkpoint and did not complete (its summary is missing or says
+    stopped). Whether the checkpoint is this config's is checked when it is loaded."""
+    if not (out_dir / CHECKPOINT).exists():
+        return False
+    try:
+        return not read_result(out_dir).completed
+    except FileNotFoundError:
+        return True
 
 
 @server_app.main()

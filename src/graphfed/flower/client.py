@@ -1,17 +1,28 @@
 """The graphfed ClientApp: one Flower node = one graphfed client (its ``partition-id``).
 
 The node builds its federation from the run's graphfed config and keeps only what it needs. Training and
-evaluation call the same ``ClientRuntime`` the simulator uses, with one client. Anything a client must
-remember between rounds lives in ``context.state`` (in deployment every message may start a new process).
+evaluation call the same ``ClientRuntime`` the simulator uses, with one client.
+
+Anything a client must remember between rounds (Ditto's personal model, FedRep's head...) is written to the
+node's disk after each training round, one file per round under the run's token
+(``<state-dir>/<run token>/client-<id>/round-<r>.pt``; node config ``state-dir``, default the user's cache
+folder): in deployment every message may start a new process, a restarted SuperNode finds its client's state,
+and a resumed run (which keeps its token) reads the state as of the round it resumes from: training in round
+``r`` starts from the newest state before ``r``; evaluation in round ``r`` reads the newest up to ``r``. A node
+keeps as many rounds as the server's checkpoint cadence needs.
 """
 
 from __future__ import annotations
 
 import functools
+import io
+import re
+from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
 
 from graphfed.client.executor import ArchitectureRuntime, ClientRuntime
@@ -20,6 +31,8 @@ from graphfed.config import validate_config
 from graphfed.data import build_federation
 from graphfed.errors import ConfigError, UntrustedInputError
 from graphfed.flower import protocol
+from graphfed.paths import user_cache_dir
+from graphfed.runs import atomic_write_bytes
 from graphfed.setup import ClientSide, resolve_method
 
 client_app = ClientApp()
@@ -67,16 +80,72 @@ def _runtime(message: Message, context: Context) -> tuple[ClientRuntime | Archit
         raise UntrustedInputError(f"received {tuple(weights.shape)} weights, the model has {side.spec.dim}")
     weights = weights.to(side.device)  # the node's own device (its train.device; auto: its GPU if it has one)
     runtime = side.executor(int(config["seed"]), torch.tensor([client_id]))
-    if protocol.CLIENT_STATE_KEY in context.state:
-        store = runtime.runtime_of(client_id).store
-        store.load_state_dict(protocol.record_state(context.state[protocol.CLIENT_STATE_KEY]))
+    round_index = int(config["round"])
+    # training in round r starts from the state before r; evaluation in round r scores the state after r's training
+    before = round_index if message.metadata.message_type == MessageType.TRAIN else round_index + 1
+    saved = _saved_state(context, config, client_id, before)
+    if saved is not None:
+        runtime.runtime_of(client_id).store.load_state_dict(saved)
     return runtime, client_id, weights, config
 
 
-def _keep_state(runtime: ClientRuntime | ArchitectureRuntime, client_id: int, context: Context) -> None:
-    """Persist the client's state in the node (in deployment every message may start a new process)."""
+def _state_folder(context: Context, config: ConfigRecord, client_id: int) -> Path:
+    """Where this node keeps the client's state for the message's run."""
+    token = str(config.get(protocol.RUN_TOKEN_KEY, ""))
+    if not re.fullmatch(r"[0-9a-f]{32}", token):
+        raise UntrustedInputError("the message carries no run token graphfed's server sends (a server of another "
+                                  "graphfed version?)")
+    configured = context.node_config.get(protocol.STATE_DIR_KEY)
+    root = Path(str(configured)).expanduser() if configured else user_cache_dir() / "node-state"
+    return root / token / f"client-{client_id}"
+
+
+def _state_files(folder: Path, config: ConfigRecord) -> list[tuple[int, int, Path]]:
+    """The client's saved states that belong to the run as the server now sees it, as (round, attempt, path),
+    oldest first. A run resumed at round ``f`` (0-based index of the first round run again) makes every state
+    an earlier attempt wrote from round ``f`` on stale: those files are removed."""
+    resumes = protocol.resume_points(config)
+    files = []
+    for path in folder.glob("round-*.pt"):
+        match = re.fullmatch(r"round-(\d{6})-(\d{3})\.pt", path.name)
+        if match is None:
+            continue
+        round_index, attempt = int(match.group(1)), int(match.group(2))
+        if attempt > len(resumes) or any(round_index >= point for point in resumes[attempt:]):
+            path.unlink(missing_ok=True)  # written by an attempt the server has since rewound past
+            continue
+        files.append((round_index, attempt, path))
+    return sorted(files)
+
+
+def _saved_state(context: Context, config: ConfigRecord, client_id: int, before: int) -> dict[str, Any] | None:
+    folder = _state_folder(context, config, client_id)
+    if not folder.is_dir():
+        return None
+    usable = [path for round_index, _, path in _state_files(folder, config) if round_index < before]
+    if not usable:
+        return None
+    try:
+        return protocol.record_state(ArrayRecord(torch_state_dict=torch.load(usable[-1], weights_only=True)))
+    except Exception as err:  # a damaged file on the node's disk: say which, never run on a half state
+        raise UntrustedInputError(f"client state {usable[-1]} cannot be read ({type(err).__name__}); remove the "
+                                  f"file to restart this client's state") from None
+
+
+def _keep_state(runtime: ClientRuntime | ArchitectureRuntime, client_id: int, context: Context,
+                config: ConfigRecord, side: ClientSide) -> None:
+    """Write the client's state after its local training in this round; drop what no resume can need (the server
+    resumes at most ``flower.checkpoint_every`` rounds back)."""
     store = runtime.runtime_of(client_id).store
-    context.state[protocol.CLIENT_STATE_KEY] = protocol.state_record(store.state_dict())
+    folder = _state_folder(context, config, client_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    torch.save(protocol.state_record(store.state_dict()).to_torch_state_dict(), buffer)
+    attempt = len(protocol.resume_points(config))
+    atomic_write_bytes(folder / f"round-{int(config['round']):06d}-{attempt:03d}.pt", buffer.getvalue())
+    files = _state_files(folder, config)
+    for _, _, stale in files[:-(side.config.flower.checkpoint_every + 1)]:
+        stale.unlink(missing_ok=True)
 
 
 def _remember(context: Context, key: str) -> None:
@@ -103,7 +172,8 @@ def train(message: Message, context: Context) -> Message:
         broadcast = {name: value.unsqueeze(0).to(runtime.device) for name, value in arrays.items()}
     steps = int(config["steps"]) if "steps" in config else None  # asked for besides the run's (novel clients)
     result = runtime.train(ids, weights.unsqueeze(0), int(config["round"]), purpose, steps, broadcast)
-    _keep_state(runtime, client_id, context)
+    if purpose == "local_training":  # the only training that changes a client's state
+        _keep_state(runtime, client_id, context, config, _client_id(context)[1])
     _remember(context, "rounds-trained")
     uploads = list(runtime.runtime_of(client_id).rule.upload_shapes()) if purpose == "local_training" else []
     return Message(protocol.train_reply(result.delta, result.metrics, client_id, uploads), reply_to=message)

@@ -1,14 +1,18 @@
 """An in-process Flower ``Grid``: routes messages straight to a ``ClientApp`` in this process.
 
 For tests and debugging of the Flower path without Ray or network processes. Each node has a random id
-(like real SuperNodes), its own ``Context`` with ``partition-id`` and a persistent ``state``. Nodes can be
-made to fail (error reply), vanish (no reply) or lie (``tamper``: rewrite its replies) to exercise the server.
+(like real SuperNodes), its own ``Context`` with ``partition-id`` and a ``state-dir`` for its client's state
+(``state_dir``, default a temporary folder the grid owns). Nodes can be made to fail (error reply), vanish (no
+reply), lie (``tamper``: rewrite its replies) or be restarted under a new node id (``restart``) to exercise the
+server.
 """
 
 from __future__ import annotations
 
 import random
+import tempfile
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from flwr.app import Context, Error, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
@@ -21,15 +25,21 @@ SERVER_NODE_ID = 0
 
 class InProcessGrid(Grid):
     def __init__(self, client_app: ClientApp, num_nodes: int, run_config: dict[str, str | int | float | bool],
-                 seed: int = 0) -> None:
+                 seed: int = 0, state_dir: str | Path | None = None) -> None:
         # A real ServerApp process has its task identity set by Flower's runtime; Message() needs it.
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SERVER_NODE_ID, 1
         self.client_app = client_app
-        node_ids = random.Random(seed).sample(range(1, 2**62), num_nodes)
-        self.contexts = {node: Context(run_id=1, node_id=node,
-                                       node_config={"partition-id": pid, "num-partitions": num_nodes},
-                                       state=RecordDict(), run_config=dict(run_config))
-                         for pid, node in enumerate(node_ids)}
+        if state_dir is None:
+            self._own_state_dir = tempfile.TemporaryDirectory(prefix="graphfed-nodes-")
+            state_dir = self._own_state_dir.name
+        self.state_dir = str(state_dir)
+        self._ids = random.Random(seed)
+        self.run_config = dict(run_config)
+        self.num_nodes = num_nodes
+        self.contexts: dict[int, Context] = {}
+        for partition_id in range(num_nodes):
+            node = self._new_id()
+            self.contexts[node] = self._context(partition_id, node)
         self.failing: set[int] = set()  # nodes that answer train/evaluate messages with an error
         self.silent: set[int] = set()  # nodes that never answer (crashed or disconnected)
         self.answers_left: dict[int, int] = {}  # node -> messages it still answers before it goes silent
@@ -39,8 +49,24 @@ class InProcessGrid(Grid):
         self._run: Run | None = None
         self.sent: list[Message] = []
 
+    def _new_id(self) -> int:
+        return self._ids.randrange(1, 2**62)
+
+    def _context(self, partition_id: int, node: int) -> Context:
+        config = {"partition-id": partition_id, "num-partitions": self.num_nodes, "state-dir": self.state_dir}
+        return Context(run_id=1, node_id=node, node_config=config, state=RecordDict(),
+                       run_config=dict(self.run_config))
+
     def node_of_partition(self, partition_id: int) -> int:
         return next(node for node, ctx in self.contexts.items() if ctx.node_config["partition-id"] == partition_id)
+
+    def restart(self, node: int) -> int:
+        """The node's process dies and a new SuperNode with the same partition id connects: a new node id, a fresh
+        context, the same disk. Returns the new node id."""
+        partition_id = int(self.contexts.pop(node).node_config["partition-id"])
+        new_node = self._new_id()
+        self.contexts[new_node] = self._context(partition_id, new_node)
+        return new_node
 
     def set_run(self, run: Run) -> None:
         self._run = run

@@ -9,6 +9,7 @@ Client -> server (query): ``ConfigRecord "identity"`` with the node's ``partitio
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,12 +18,16 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from graphfed.client.evaluation import SCORE_FIELDS, ClientScores
+from graphfed.errors import UntrustedInputError
 
 RUN_CONFIG_KEY = "graphfed-config"  # the resolved graphfed YAML, in the Flower run config
 OUT_DIR_KEY = "out-dir"  # where the ServerApp writes summary.json etc. ("" = nowhere)
 PARTITION_KEY = "partition-id"
 #: a SuperNode's own ``train.device`` (node config ``device=cuda:1``), over the run config's
 DEVICE_KEY = "device"
+STATE_DIR_KEY = "state-dir"  # node config: where a node keeps its clients' state between rounds and restarts
+RUN_TOKEN_KEY = "run-token"  # in every message: the run whose client state the node reads and writes
+RESUMES_KEY = "resumes"  # in every message: where each resume of the run started again ("4,6"; "" never resumed)
 
 
 def weights_record(weights: torch.Tensor) -> ArrayRecord:
@@ -127,14 +132,25 @@ def check_train_reply(content: RecordDict, expect: TrainExpectation) -> tuple[to
 
 
 def train_content(weights: torch.Tensor, client_id: int, round_index: int, purpose: str, seed: int,
-                  steps: int | None = None) -> RecordDict:
+                  steps: int | None = None, run_token: str = "", resumes: tuple[int, ...] = ()) -> RecordDict:
     """What a node receives: its weights and the round's facts. How it trains (batch, lr, feedback) it knows from the
     run config; ``steps`` only when the server asks for other than the run's local steps (novel-client
-    adaptation)."""
-    values: dict[str, int | str] = {"client-id": client_id, "round": round_index, "purpose": purpose, "seed": seed}
+    adaptation); ``run_token`` names the run's client state on the node (kept across restarts); ``resumes``: the
+    round index each resume of the run started again at (state written at or after one by an earlier attempt is
+    stale)."""
+    values: dict[str, int | str] = {"client-id": client_id, "round": round_index, "purpose": purpose, "seed": seed,
+                                    RUN_TOKEN_KEY: run_token, RESUMES_KEY: ",".join(map(str, resumes))}
     if steps is not None:
         values["steps"] = steps
     return RecordDict({"arrays": weights_record(weights), "config": ConfigRecord(values)})
+
+
+def resume_points(config: ConfigRecord) -> tuple[int, ...]:
+    """The round indices a message's run was resumed at (checked: it comes from the network)."""
+    text = str(config.get(RESUMES_KEY, ""))
+    if not re.fullmatch(r"(\d{1,9}(,\d{1,9})*)?", text):
+        raise UntrustedInputError(f"resume points {text[:40]!r} are not comma-separated round numbers")
+    return tuple(int(part) for part in text.split(",")) if text else ()
 
 
 def train_reply(delta: torch.Tensor, metrics: dict[str, torch.Tensor], client_id: int,
@@ -234,9 +250,6 @@ def missing_scores() -> ClientScores:
     """Placeholder for a client whose evaluation reply never came: NaN metric, no pooled weight."""
     nan, zero = torch.tensor([float("nan")]), torch.zeros(1)
     return ClientScores(nan, nan, torch.zeros(1, dtype=torch.long), zero, zero, zero)
-
-
-CLIENT_STATE_KEY = "graphfed-client-state"  # a node's client-rule state, in its context.state
 
 
 def state_record(state: dict[str, Any]) -> ArrayRecord:

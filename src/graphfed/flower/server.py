@@ -3,7 +3,14 @@
 ``FlowerExecutor`` is a ``ClientExecutor``: the simulator's round loop (sampling, method updates,
 evaluation, checkpoints, summaries) runs unchanged and hands client work to Flower nodes. Each selected
 node gets its OWN personalised weights in one message. Nodes that error, time out or disconnect are
-dropped from that round (logged) and the round completes with the rest.
+dropped from that round (logged) and the round completes with the rest, unless fewer than
+``flower.min_replies`` arrived: then the run stops, its last checkpoint kept, and resumes when started again.
+
+A client's identity is its partition id, not its node: a SuperNode restarted with the same partition id
+(a new node id) takes the client over once its old node has left the federation, and the summary lists
+the rounds the client missed (``missed_rounds``). Every message carries the run's token (kept in the
+checkpoint), under which nodes keep their clients' state on disk: a resumed run, or a restarted node,
+finds its state where the run left it.
 
 A node's reply is input, validated like a config (``protocol.check_train_reply`` / ``check_evaluation_reply``):
 every record and field must be the one asked for, of the right dtype and shape, finite and in range (the server
@@ -17,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -29,6 +37,7 @@ from graphfed.client.contract import LocalTraining
 from graphfed.client.evaluation import ClientScores
 from graphfed.client.executor import ClientExecutor, TrainResult
 from graphfed.config import RunConfig
+from graphfed.errors import RunStoppedError
 from graphfed.flower import protocol
 from graphfed.setup import Setup
 
@@ -57,6 +66,15 @@ class FlowerExecutor(ClientExecutor):
         self.drop_counts: Counter[str] = Counter()
         #: nodes refused at identification: (node id, claimed partition id, reason)
         self.refused_nodes: list[tuple[int, object, str]] = []
+        #: nodes that claimed a client still served by a live node: node -> client id (admitted once that node left)
+        self.waiting: dict[int, int] = {}
+        #: clients taken over by a new node after their node left: (round, client id, old node, new node)
+        self.readmitted: list[tuple[int, int, int, int]] = []
+        self.round_number = 0  # the round being served (1-based; 0 before round 1), for the logs and the summary
+        #: names the run's client state on the nodes; a resumed run keeps its token (``load_state_dict``)
+        self.run_token = uuid.uuid4().hex
+        #: the round index each resume of this run started again at (nodes drop state written after it)
+        self.resumes: list[int] = []
 
     # ---- node <-> client identity ------------------------------------------------------------------
     def wait_for_nodes(self) -> None:
@@ -77,6 +95,12 @@ class FlowerExecutor(ClientExecutor):
                 log.warning("client %d (node %d) left the federation", client_id, node_id)
                 del self.node_of_client[client_id]
         self.known_nodes &= live
+        for node, client_id in list(self.waiting.items()):
+            if node not in live:
+                del self.waiting[node]
+            elif client_id not in self.node_of_client:  # the node that served it has left: the client is back
+                del self.waiting[node]
+                self._admit(node, client_id)
         new_nodes = sorted(live - self.known_nodes)
         if not new_nodes:
             return
@@ -92,12 +116,23 @@ class FlowerExecutor(ClientExecutor):
                 self._refuse(node, None, f"invalid identity reply ({_reason(err)})")
                 continue
             owner = self.claimed_by.setdefault(client_id, node)
-            if owner != node:
-                self._refuse(node, client_id, f"partition id {client_id} is already served by node {owner} in this run")
+            if owner != node and self.node_of_client.get(client_id, owner) in live:
+                # two live nodes claim one client: the first keeps it; this one waits until that node has left
+                self._refuse(node, client_id, f"partition id {client_id} is already served by node {owner} in this "
+                                              f"run (it takes the client over if that node leaves)")
+                self.waiting[node] = client_id
                 continue
-            self.node_of_client[client_id] = node
-            self.known_nodes.add(node)
+            self._admit(node, client_id)
         log.info("%d of %d clients have a node", len(self.node_of_client), self.num_clients)
+
+    def _admit(self, node: int, client_id: int) -> None:
+        previous = self.claimed_by[client_id]
+        if previous != node:
+            self.readmitted.append((self.round_number, client_id, previous, node))
+            log.warning("client %d is back on node %d (its node %d left)", client_id, node, previous)
+        self.claimed_by[client_id] = node
+        self.node_of_client[client_id] = node
+        self.known_nodes.add(node)
 
     def _refuse(self, node: int, client_id: int | None, reason: str) -> None:
         """A node that will not serve in this run (it is not asked again)."""
@@ -111,15 +146,49 @@ class FlowerExecutor(ClientExecutor):
         log.warning("round %d: client %d dropped: %s", round_index + 1, client_id, reason)
 
     def result_fields(self) -> dict[str, Any]:
-        """What only the Flower engine knows, for the run's result: clients dropped from rounds, nodes refused."""
+        """What only the Flower engine knows, for the run's result: clients dropped from rounds (and so the rounds
+        each missed), nodes refused, clients that came back on a new node."""
+        missed: dict[str, list[int]] = {}
+        for round_number, client_id, _ in self.dropped:
+            rounds = missed.setdefault(self.federation.client_names[client_id], [])
+            if round_number not in rounds:
+                rounds.append(round_number)
         return {"dropped_clients": [{"round": r, "client": c, "reason": why} for r, c, why in self.dropped],
                 "drop_counts": {kind: self.drop_counts[kind] for kind in DROP_KINDS},
                 "refused_nodes": [{"node": node, "claimed": claimed, "reason": why}
-                                  for node, claimed, why in self.refused_nodes]}
+                                  for node, claimed, why in self.refused_nodes],
+                "missed_rounds": missed,
+                "resumed_at": list(self.resumes),  # the completed rounds each resume continued after
+                "readmitted": [{"round": r, "client": c, "old_node": old, "new_node": new}
+                               for r, c, old, new in self.readmitted]}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The server's part of its clients: the run token under which nodes keep their clients' state, and what
+        happened to nodes so far (a resumed run's summary still counts the faults before the restart)."""
+        return {"flower": {"run_token": self.run_token, "resumes": list(self.resumes),
+                           "round_number": self.round_number, "dropped": [list(d) for d in self.dropped],
+                           "drop_counts": dict(self.drop_counts),
+                           "readmitted": [list(r) for r in self.readmitted]}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state:  # a checkpoint from before the run token: the nodes' state under it is lost, start afresh
+            return
+        flower = state["flower"]
+        token = flower["run_token"]
+        if not (isinstance(token, str) and len(token) == 32 and all(c in "0123456789abcdef" for c in token)):
+            raise ValueError("the checkpoint's run token is not one graphfed writes")
+        self.run_token = token
+        # this attempt runs again from the round after the checkpoint's last one
+        self.resumes = [int(point) for point in flower["resumes"]] + [int(flower["round_number"])]
+        self.round_number = int(flower["round_number"])
+        self.dropped = [(int(r), int(c), str(why)) for r, c, why in flower["dropped"]]
+        self.drop_counts = Counter({str(kind): int(n) for kind, n in flower["drop_counts"].items()})
+        self.readmitted = [(int(r), int(c), int(old), int(new)) for r, c, old, new in flower["readmitted"]]
 
     def _exchange(self, client_ids: torch.Tensor, contents: list[RecordDict], message_type: str,
                   round_index: int) -> dict[int, Message]:
         """Send one message per client that has a node; return the good replies by client id."""
+        self.round_number = round_index + 1
         self.discover()
         messages, client_of_node = [], {}
         for client_id, content in zip(client_ids.tolist(), contents, strict=True):
@@ -160,7 +229,8 @@ class FlowerExecutor(ClientExecutor):
               steps: int | None = None, broadcast: dict[str, torch.Tensor] | None = None) -> TrainResult:
         contents = []
         for row, client_id in enumerate(client_ids.tolist()):
-            content = protocol.train_content(start[row], client_id, round_index, purpose, self.config.seed, steps)
+            content = protocol.train_content(start[row], client_id, round_index, purpose, self.config.seed, steps,
+                                             self.run_token, tuple(self.resumes))
             if broadcast:
                 content["broadcast"] = protocol.named_arrays({name: value[row] for name, value in broadcast.items()})
             contents.append(content)
@@ -185,6 +255,11 @@ class FlowerExecutor(ClientExecutor):
             rows.append(row)
             deltas.append(delta)
             metrics.append(reply_metrics)
+        wanted = min(self.config.flower.min_replies or 0, len(client_ids))
+        if purpose == "local_training" and len(rows) < wanted:
+            raise PartialCohortError(f"round {round_index + 1}: {len(rows)} of {len(client_ids)} training replies "
+                                     f"arrived, flower.min_replies is {self.config.flower.min_replies}; start the "
+                                     f"run again to resume from its last checkpoint")
         index = torch.tensor(rows, dtype=torch.long, device="cpu")
         keys = metrics[0].keys() if metrics else ("num_examples", "loss_first", "loss_last")
         merged = {key: torch.cat([m[key] for m in metrics]).to(self.device) if metrics
@@ -193,7 +268,8 @@ class FlowerExecutor(ClientExecutor):
         return TrainResult(index, client_ids[index], stacked, merged)
 
     def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int) -> dict[str, ClientScores]:
-        contents = [protocol.train_content(weights[row], client_id, round_index, "evaluation", self.config.seed)
+        contents = [protocol.train_content(weights[row], client_id, round_index, "evaluation", self.config.seed,
+                                           run_token=self.run_token, resumes=tuple(self.resumes))
                     for row, client_id in enumerate(client_ids.tolist())]
         replies = self._exchange(client_ids, contents, MessageType.EVALUATE, round_index)
         splits = self.federation.evaluation_splits
@@ -219,8 +295,12 @@ class FlowerExecutor(ClientExecutor):
             for split in fed.evaluation_splits}
 
 
+class PartialCohortError(RunStoppedError):
+    """Fewer training replies arrived than ``flower.min_replies``: the run stops, its checkpoint kept."""
+
+
 #: summary.json fields only the Flower engine writes
-FLOWER_FIELDS = ("dropped_clients", "drop_counts", "refused_nodes")
+FLOWER_FIELDS = ("dropped_clients", "drop_counts", "refused_nodes", "missed_rounds", "readmitted", "resumed_at")
 #: the kinds of drop counted in summary.json
 DROP_KINDS = ("no_node", "error", "timeout", "invalid_reply")
 

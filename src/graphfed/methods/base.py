@@ -74,6 +74,10 @@ class Method(ABC):
     no_novel_model: ClassVar[str | None] = None
     #: whether weights travel between server and clients at all (Local's never do: its bytes are 0)
     communicates: ClassVar[bool] = True
+    #: whether ``update`` can learn from an upload that arrives rounds late (``train.stragglers``): it receives the
+    #: weights the client was sent back then beside its delta, as asynchronous FL does (FedBuff); a method that
+    #: sets this False loses late uploads instead
+    accepts_late_uploads: ClassVar[bool] = True
 
     def __init__(self, context: MethodContext, options: MethodOptions) -> None:
         self.context = context

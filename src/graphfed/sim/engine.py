@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from graphfed import runs
 from graphfed.client.evaluation import ClientScores, trivial_scores
-from graphfed.client.executor import ClientExecutor, ClientRuntime, TrainResult, check_update
+from graphfed.client.executor import ArchitectureRuntime, ClientExecutor, ClientRuntime, TrainResult, check_update
 from graphfed.client.metrics import (
     BINARY_ONLY,
     CLASSIFICATION_METRICS,
@@ -73,7 +73,8 @@ class Tracker:
     elapsed: float = 0.0
     #: evaluations since the validation score last improved by more than ``min_delta`` (early stopping)
     since_improvement: int = 0
-    lost_uploads: int = 0  #: client updates lost to ``train.dropout``
+    lost_uploads: int = 0  #: client updates lost to ``train.dropout`` (and late ones a method cannot use)
+    late_uploads: int = 0  #: straggler updates that reached the method rounds late (``train.stragglers``)
 
     def offer(self, record: dict[str, Any], min_delta: float = 0.0) -> None:
         """Keep ``record`` if its validation score is the best so far; count evaluations without an improvement
@@ -86,6 +87,12 @@ class Tracker:
         self.since_improvement = 0 if gain > min_delta else self.since_improvement + 1
         if gain > 0:
             self.best = record
+
+
+def _subset(result: TrainResult, keep: torch.Tensor) -> TrainResult:
+    """The uploads of ``result`` where the host mask ``keep`` is true."""
+    return TrainResult(result.rows[keep], result.client_ids[keep], result.delta[keep.to(result.delta.device)],
+                       {name: value[keep.to(value.device)] for name, value in result.metrics.items()})
 
 
 def _row_standard_error(scores: ClientScores) -> float | None:
@@ -119,7 +126,8 @@ class Simulator:
 
     def __init__(self, config: RunConfig, out_dir: str | Path | None = None,
                  federation: Federation | None = None, progress: bool = True,
-                 executor: Callable[[Setup], ClientExecutor] | None = None) -> None:
+                 executor: Callable[[Setup], ClientExecutor] | None = None,
+                 checkpoint_every: int | None = None) -> None:
         if config.torch_threads is None:
             # Float sums depend on the intra-op thread count: record the count this machine uses, so the run's
             # own config.yaml reproduces its numbers bit for bit elsewhere.
@@ -127,6 +135,8 @@ class Simulator:
         self.config = config
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.progress = progress
+        #: rounds between checkpoints (the Flower engine passes ``flower.checkpoint_every``)
+        self.checkpoint_every = checkpoint_every or config.train.checkpoint_every
         self.setup = build_setup(config, federation)
         fed = self.setup.federation
         # `executor` builds where clients run (e.g. Flower nodes); default: in this process, vectorised.
@@ -143,6 +153,9 @@ class Simulator:
             log.warning("train.clients_per_round is %d but only %d clients train; each round samples all %d",
                         config.train.clients_per_round, self.num_train_clients, self.clients_per_round)
         self.late_ids = self._draw_late_clients()
+        self.straggler_ids = self._draw_stragglers()
+        #: straggler uploads on their way: (round index they arrive in, the weights the clients were sent, result)
+        self.in_flight: list[tuple[int, torch.Tensor, TrainResult]] = []
         self.trackers = build_trackers(config, self.out_dir)  # a missing tracker package stops us here
         self.stopped_early: int | None = None  # the round an early stop ended the run at
         self.best_models: torch.Tensor | None = None  # every client's scored weights at a new best, until written
@@ -159,6 +172,14 @@ class Simulator:
             raise ConfigError(f"train.late_clients: {count} of {len(train_ids)} training clients would join late; "
                               f"at least one must train from round 1")
         order = torch.randperm(len(train_ids), generator=rng.generator(self.config.seed, 0, "late_clients"),
+                               device="cpu")
+        return train_ids[order[:count]].sort().values
+
+    def _draw_stragglers(self) -> torch.Tensor:
+        """``train.stragglers``: the training clients whose uploads arrive late, drawn once from the seed."""
+        train_ids = self.setup.federation.train_client_ids
+        count = round(self.config.train.stragglers * len(train_ids))
+        order = torch.randperm(len(train_ids), generator=rng.generator(self.config.seed, 0, "stragglers"),
                                device="cpu")
         return train_ids[order[:count]].sort().values
 
@@ -188,10 +209,13 @@ class Simulator:
         if self.config.train.dropout > 0:
             result = self._lose_uploads(result, round_index)
         check_update(result.delta, result.client_ids, spec.dim, round_index, self.setup.federation.client_names)
+        started = sent[result.rows]
+        if len(self.straggler_ids):
+            started, result = self._stragglers_arrive(started, result, round_index)
         if len(result.client_ids) == 0:
             log.warning("round %d: no client update arrived; the server model is unchanged", round_index + 1)
             return {"train_loss": float("nan"), "clients": 0}
-        method.update(result.client_ids, sent[result.rows], result.delta, result.metrics)
+        method.update(result.client_ids, started, result.delta, result.metrics)
         rule = self.setup.client_rule
         extras = [*rule.upload_shapes(), *(["feedback"] if "feedback" in result.metrics else [])]
         extra_up = sum(result.metrics[name][0].numel() for name in extras)
@@ -212,8 +236,33 @@ class Simulator:
                            device="cpu")
         kept = draws >= self.config.train.dropout
         self.tracker.lost_uploads += int((~kept).sum())
-        return TrainResult(result.rows[kept], result.client_ids[kept], result.delta[kept.to(result.delta.device)],
-                           {name: value[kept.to(value.device)] for name, value in result.metrics.items()})
+        return _subset(result, kept)
+
+    def _stragglers_arrive(self, started: torch.Tensor, result: TrainResult,
+                           round_index: int) -> tuple[torch.Tensor, TrainResult]:
+        """``train.stragglers``: hold the stragglers' uploads of this round for ``straggler_delay`` rounds (lost
+        at delay 0, or when the method cannot use a late upload); release those due now beside the fresh ones,
+        each with the weights its client was sent back then. Returns what reaches the method this round."""
+        late = torch.isin(result.client_ids, self.straggler_ids)
+        delay = self.config.train.straggler_delay
+        if late.any():
+            if delay == 0 or not type(self.setup.method).accepts_late_uploads:
+                self.tracker.lost_uploads += int(late.sum())
+            else:
+                self.in_flight.append((round_index + delay, started[late.to(started.device)],
+                                       _subset(result, late)))
+        on_time = ~late
+        arrived = [(started[on_time.to(started.device)], _subset(result, on_time))]
+        arrived += [(weights, held) for due, weights, held in self.in_flight if due == round_index]
+        self.tracker.late_uploads += sum(len(held.client_ids) for due, _, held in self.in_flight if due == round_index)
+        self.in_flight = [entry for entry in self.in_flight if entry[0] != round_index]
+        client_ids = torch.cat([held.client_ids for _, held in arrived])
+        order = client_ids.argsort()  # methods see their clients in id order, as sampling gives them
+        merged = TrainResult(torch.cat([held.rows for _, held in arrived])[order], client_ids[order],
+                             torch.cat([held.delta for _, held in arrived])[order.to(result.delta.device)],
+                             {name: torch.cat([held.metrics[name] for _, held in arrived])[order.to(value.device)]
+                              for name, value in result.metrics.items()})
+        return torch.cat([weights for weights, _ in arrived])[order.to(started.device)], merged
 
     def score_all(self, round_index: int) -> dict[str, ClientScores]:
         """Every client's personalised model on its val and test split (its client rule decides what that is)."""
@@ -228,6 +277,11 @@ class Simulator:
         record: dict[str, Any] = {"round": round_index + 1}
         record["val_mean"], record["val_std"] = _mean_std(val.metric)
         record["test_mean"], record["test_std"] = _mean_std(test.metric)
+        # how many training clients the test mean covers (fewer when Flower replies were lost)
+        record["scored_clients"] = int(torch.isfinite(test.metric).sum())
+        if record["scored_clients"] < len(train_ids):
+            log.warning("round %d: the test %s covers %d of %d training clients (the others' evaluations did not "
+                        "arrive)", round_index + 1, fed.metric, record["scored_clients"], len(train_ids))
         record["test_pooled"] = test.pooled
         record["test_row_se"] = _row_standard_error(test) if fed.task == "classification" else None
         if fed.task == "regression":
@@ -355,7 +409,10 @@ class Simulator:
         return {"completed_rounds": completed_rounds, "config": dump_config(self.config),
                 "method": self.setup.method.state_dict(), "clients": self.executor.state_dict(),
                 "tracker": vars(self.tracker).copy(),
-                "torch_rng": torch.get_rng_state()}
+                "torch_rng": torch.get_rng_state(),
+                **({"in_flight": [{"due": due, "sent": weights, "rows": held.rows, "client_ids": held.client_ids,
+                                   "delta": held.delta, "metrics": held.metrics}
+                                  for due, weights, held in self.in_flight]} if len(self.straggler_ids) else {})}
 
     def _restore(self, state: dict[str, Any]) -> int:
         expected = {"completed_rounds": int, "config": str, "method": dict, "tracker": dict,
@@ -371,11 +428,13 @@ class Simulator:
         if not 0 <= completed <= self.config.train.rounds:
             raise CheckpointError(f"--resume: the checkpoint claims {completed} completed rounds of "
                                      f"{self.config.train.rounds}")
-        if state.get("clients") == {} and isinstance(self.executor, ClientRuntime):
+        clients = state.get("clients")
+        if (clients == {} or (isinstance(clients, dict) and "flower" in clients)) and not self._on_flower():
             # the Flower ServerApp checkpoints the server only: its clients' state stays on the nodes
-            raise CheckpointError("--resume: this checkpoint was written by a Flower run, whose client state stays "
-                                  "on its nodes; the simulator cannot continue it (resuming on Flower is not "
-                                  "supported yet); start a new run in another --out directory")
+            raise CheckpointError(f"--resume: this checkpoint was written by a Flower run after round "
+                                  f"{state['completed_rounds']}; its clients' state is on its nodes, so only Flower "
+                                  f"can continue it: start the same Flower App again (flwr run), its ServerApp "
+                                  f"resumes from this checkpoint")
         unknown = set(state["tracker"]) - set(vars(self.tracker))
         if unknown:
             raise CheckpointError(f"--resume: the checkpoint's tracker has unknown fields {sorted(unknown)}")
@@ -383,6 +442,9 @@ class Simulator:
             self.setup.method.load_state_dict(state["method"])
             self.executor.load_state_dict(state.get("clients", {}))
             torch.set_rng_state(state["torch_rng"].cpu())
+            self.in_flight = [(int(entry["due"]), entry["sent"], TrainResult(entry["rows"], entry["client_ids"],
+                                                                             entry["delta"], dict(entry["metrics"])))
+                              for entry in state.get("in_flight", [])]
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
             raise CheckpointError(f"--resume: the checkpoint's state does not fit this run's method, model or "
@@ -390,6 +452,9 @@ class Simulator:
         for key, value in state["tracker"].items():
             setattr(self.tracker, key, value)
         return int(completed)
+
+    def _on_flower(self) -> bool:
+        return not isinstance(self.executor, ClientRuntime | ArchitectureRuntime)
 
     def _same_config(self, text: str) -> bool:
         """Whether a checkpoint's config is this run's. Compared after validation, so a checkpoint written before a
@@ -480,7 +545,7 @@ class Simulator:
                                  ", ".join(f"{key} {value}" for key, value in shown.items()))
                 patience = cfg.train.patience
                 stop_early = patience is not None and self.tracker.since_improvement >= patience
-                if self.out_dir and (completed % cfg.train.checkpoint_every == 0 or completed == cfg.train.rounds
+                if self.out_dir and (completed % self.checkpoint_every == 0 or completed == cfg.train.rounds
                                      or stop_early):
                     self.tracker.elapsed += time.perf_counter() - segment_start
                     segment_start = time.perf_counter()
@@ -620,7 +685,11 @@ class Simulator:
                if len(self.late_ids) else {}),
             "client_graph": self._graph_record(),
             **({"dropout": cfg.train.dropout, "lost_uploads": self.tracker.lost_uploads}
-               if cfg.train.dropout > 0 else {}),
+               if cfg.train.dropout > 0 or len(self.straggler_ids) else {}),
+            **({"stragglers": [fed.client_names[int(i)] for i in self.straggler_ids],
+                "straggler_delay": cfg.train.straggler_delay, "late_uploads": self.tracker.late_uploads}
+               if len(self.straggler_ids) else {}),
+            "scored_clients": best.get("scored_clients"), "training_clients": self.num_train_clients,
             "wall_seconds": round(self.tracker.elapsed, 3),
             "bytes_up": self.tracker.bytes_up, "bytes_down": self.tracker.bytes_down,
             "peak_rss_mb": peak_rss_mb(), "torch_threads": cfg.torch_threads,
