@@ -266,20 +266,28 @@ def test_flwr_run_local_simulation_runs_panacea_and_leaves_nothing_behind(tmp_pa
 # ---- (B) deployment: flower-superlink + flower-supernode processes ------------------------------------------
 @dataclass
 class Deployment:
-    """One ``flower-superlink`` and ``NUM_NODES`` ``flower-supernode`` processes (partition i on node i)."""
+    """One ``flower-superlink`` and one ``flower-supernode`` process per node port (partition i on node i, its
+    client state in its own folder); ``database``: the SuperLink keeps its state in that file (it survives a
+    restart) instead of in memory. ``benchmarks/flower_faults.py`` drives the same deployment."""
 
     procs: Processes
     home: Path
     superlink_port: int
     node_ports: list[int]
+    database: Path | None = None
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_ports)
 
     def cli_env(self) -> dict[str, str]:
         return self.procs.env(self.home)
 
     def start_superlink(self) -> None:
+        database = ["--database", str(self.database)] if self.database else []
         proc = self.procs.start("superlink", [
             str(VENV_BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port",
-            str(self.superlink_port), "--disable-runtime-dependency-installation"], self.cli_env())
+            str(self.superlink_port), "--disable-runtime-dependency-installation", *database], self.cli_env())
         deadline = time.monotonic() + SUPERLINK_START_TIMEOUT
         while time.monotonic() < deadline:
             assert proc.alive(), f"flower-superlink exited\n{self.procs.tails()}"
@@ -298,11 +306,12 @@ class Deployment:
         self.procs.start(f"supernode{partition}", [
             str(VENV_BIN / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{self.superlink_port}",
             "--host", "127.0.0.1", "--port", str(self.node_ports[partition]),
-            "--node-config", f"partition-id={partition} num-partitions={NUM_NODES}"], env)
+            "--node-config", f"partition-id={partition} num-partitions={self.num_nodes} "
+                             f"state-dir=\"{self.home.parent / f'node{partition}-state'}\""], env)
 
     def ensure_supernodes(self) -> None:
         """(Re)start any supernode that is not running (a test before may have killed one)."""
-        for partition in range(NUM_NODES):
+        for partition in range(self.num_nodes):
             names = [p.name for p in self.procs.procs]
             if f"supernode{partition}" not in names or not self.procs.get(f"supernode{partition}").alive():
                 self.start_supernode(partition)

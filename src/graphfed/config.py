@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.resources
+import re
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,26 @@ def printable(text: str) -> str:
     """``text`` with control characters (newlines, terminal escapes, ...) shown as escapes: what users' files
     and names contain is echoed as one printable line, never interpreted by a terminal."""
     return "".join(c if unicodedata.category(c)[0] != "C" else c.encode("unicode_escape").decode() for c in text)
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's floats: ``1e-5`` is a number (YAML 1.1 asks for ``1.0e-5`` and PyYAML
+    reads ``1e-5`` as text, which the strict config would then refuse)."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                  |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                  |\.[0-9_]+(?:[eE][-+][0-9]+)?
+                  |[-+]?\.(?:inf|Inf|INF)
+                  |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def read_yaml(text: str) -> Any:
+    """YAML text as Python values, safely (no tags that build objects), with YAML 1.2 floats."""
+    return yaml.load(text, Loader=_YamlLoader)
 
 
 class _Strict(BaseModel):
@@ -212,6 +233,29 @@ class FlowerConfig(_Strict):
                                              "its checkpoint; never: it starts again at round 1")
 
 
+class PrivacyConfig(_Strict):
+    """Client-level differential privacy (``graphfed.client.privacy``); off by default."""
+
+    mechanism: Literal["none", "local", "central"] = Field(default="none", description="local: each client clips and "
+                                                           "noises its upload; central: a trusted server clips each "
+                                                           "upload and noises their sum (Poisson client sampling)")
+    clip_norm: float = Field(default=1.0, gt=0, description="L2 bound of one client's update per round (.inf: none)")
+    noise_multiplier: float | None = Field(default=None, ge=0, description="noise std / clip_norm (or give "
+                                           "target_epsilon)")
+    target_epsilon: float | None = Field(default=None, gt=0, description="the epsilon the run may spend: the noise "
+                                         "multiplier is calibrated for the planned rounds")
+    delta: float | None = Field(default=None, gt=0, lt=1, description="default: 0.1 / number of training clients")
+    accountant: Literal["pld", "rdp"] = Field(default="pld", description="dp-accounting's privacy loss "
+                                              "distributions (tight) or Renyi DP (an upper bound)")
+
+    @model_validator(mode="after")
+    def _one_noise_source(self) -> PrivacyConfig:
+        if self.mechanism != "none" and (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError(f"privacy.mechanism={self.mechanism}: give exactly one of privacy.noise_multiplier and "
+                             f"privacy.target_epsilon")
+        return self
+
+
 #: attacks that rewrite what a malicious client uploads (``attacks.poisoning``); the others rewrite its training data
 UPDATE_ATTACKS = ("model_poisoning", "sign_flip", "scaling", "gaussian_noise")
 DATA_ATTACKS = ("label_flip", "backdoor")
@@ -280,6 +324,7 @@ class RunConfig(_Strict):
     attack: AttackConfig = Field(default_factory=AttackConfig)
     defense: DefenseConfig = Field(default_factory=DefenseConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     torch_threads: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
@@ -352,7 +397,7 @@ def parse_override(text: str, flag: str = "--set", example: str = "train.rounds=
     if not all(part.strip() for part in keys):
         raise ConfigError(f"{flag} {printable(text)!r}: the key has an empty part, e.g. {example}")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = read_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError as error:
         reason = printable(str(error).splitlines()[0]) if str(error) else type(error).__name__
         raise ConfigError(f"{flag} {printable(text)!r}: the value is not valid YAML ({reason}); quote it or fix "
@@ -401,7 +446,7 @@ def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{what} not found: {path}")
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        loaded = read_yaml(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text (byte {err.start}); save the {what} as UTF-8") from None
     except yaml.YAMLError as err:
@@ -451,7 +496,7 @@ def _location_free(config: RunConfig) -> RunConfig:
 
 #: sections written out only when they differ from their defaults: a run without an attack reads (and compares, on
 #: resume) exactly as it did before these sections existed
-OPTIONAL_SECTIONS = ("attack", "defense", "tracking")
+OPTIONAL_SECTIONS = ("attack", "defense", "tracking", "privacy")
 
 
 def dump_config(config: RunConfig) -> str:

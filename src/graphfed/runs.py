@@ -285,6 +285,9 @@ class RunResult(BaseModel):
     late_uploads: int | None = None  #: straggler updates the method received late
     #: how many training clients the reported test mean covers, of ``training_clients`` (fewer: replies were lost)
     scored_clients: int | None = None
+    #: ``privacy:`` as run (mechanism, clip, noise multiplier, delta, accountant, sampling) and the epsilon spent:
+    #: ``epsilon`` (central) or ``epsilon_max``, ``epsilon_median`` and ``per_client_epsilon`` (local)
+    privacy: dict[str, Any] | None = None
     training_clients: int | None = None
     #: why ``models/best.pt`` was not written (None: it holds every client's model at ``best_round``)
     models_note: str | None = None

@@ -8,6 +8,7 @@ name or the raw options again.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ from graphfed.client.autotune import choose_clients_per_chunk
 from graphfed.client.contract import ClientRule, ClientSetting, LocalTraining
 from graphfed.client.executor import ArchitectureRuntime, ClientExecutor, ClientRuntime, ClientStateStore
 from graphfed.client.placement import resolve_device
+from graphfed.client.privacy import PrivacyPlan, plan_privacy
 from graphfed.config import RunConfig
 from graphfed.core import rng
 from graphfed.core.memory import check_fits
@@ -129,15 +131,22 @@ class ClientSide:
         """The client rule (with mixed architectures: the first architecture's)."""
         return self.rules[0]
 
+    @functools.cached_property
+    def privacy(self) -> PrivacyPlan:
+        """``privacy:`` resolved for this federation: the server and every node compute the same plan."""
+        train = self.config.train
+        return plan_privacy(self.config.privacy, len(self.federation.train_client_ids), train.clients_per_round,
+                            train.rounds)
+
     def executor(self, seed: int, client_ids: torch.Tensor | None = None) -> ClientRuntime | ArchitectureRuntime:
         """Clients in this process (``client_ids``: the ones kept here, default all), grouped by architecture where
         they differ."""
         if self.family is None:
             store = None if client_ids is None else ClientStateStore(client_ids, self.device)
             return ClientRuntime(self.model, self.spec, self.federation, self.rules[0], seed, store, self.attack,
-                                 self.simple_tuning())
+                                 self.simple_tuning(), self.privacy)
         return ArchitectureRuntime(self.family, self.networks, self.rules, self.federation, seed, self.spec.dim,
-                                   client_ids, self.attack)
+                                   client_ids, self.attack, self.privacy)
 
     def plan_execution(self, clients_at_once: int) -> dict[str, Any]:
         """Sets how many clients each network trains at once (``train.clients_per_chunk``, else measured when

@@ -12,6 +12,7 @@ import torch
 
 from graphfed.client.contract import ClientRule, EvaluationTuning, UpdateForgery, Weights
 from graphfed.client.evaluation import ClientScores, evaluate_clients
+from graphfed.client.privacy import PrivacyPlan, privatize_uploads
 from graphfed.client.training import train_clients, validation_feedback
 from graphfed.core import rng
 from graphfed.core.params import ParamSpec
@@ -140,10 +141,12 @@ class ClientRuntime(ClientExecutor):
 
     def __init__(self, model: TargetModel, spec: ParamSpec, federation: Federation, rule: ClientRule,
                  seed: int, store: ClientStateStore | None = None, attack: UpdateForgery | None = None,
-                 tuning: EvaluationTuning | None = None) -> None:
+                 tuning: EvaluationTuning | None = None, privacy: PrivacyPlan | None = None) -> None:
         self.model, self.spec, self.federation = model, spec, federation
         self.rule, self.seed = rule, seed
         self.attack, self.tuning = attack, tuning
+        #: ``privacy.mechanism: local``: every upload is clipped and noised here, before it leaves the client
+        self.local_privacy = privacy if privacy is not None and privacy.mechanism == "local" else None
         self.training = rule.setting.training
         self.device = federation.train.x.device
         self.store = store if store is not None else ClientStateStore(torch.arange(federation.num_clients,
@@ -189,6 +192,11 @@ class ClientRuntime(ClientExecutor):
                                                       self.training, feedback_seeds)
             metrics["feedback_seed"] = torch.tensor(feedback_seeds, dtype=torch.int64, device="cpu")
         delta = start - trained
+        if self.local_privacy is not None and purpose == "local_training":
+            delta = privatize_uploads(delta, self.local_privacy, self.seed, round_index, client_ids)
+            # losses depend on the client's data and are not privatised: they are not sent (the server logs none)
+            metrics["loss_first"] = torch.zeros_like(metrics["loss_first"])
+            metrics["loss_last"] = torch.zeros_like(metrics["loss_last"])
         if self.attack is not None and purpose == "local_training":
             delta = self.attack.forge(client_ids, delta, round_index)
         return TrainResult(torch.arange(len(client_ids), device="cpu"), client_ids, delta, metrics)
@@ -281,7 +289,7 @@ class ArchitectureRuntime(ClientExecutor):
 
     def __init__(self, family: ArchitectureFamily, networks: list[TargetModel], rules: list[ClientRule],
                  federation: Federation, seed: int, wire_dim: int, client_ids: torch.Tensor | None = None,
-                 attack: UpdateForgery | None = None) -> None:
+                 attack: UpdateForgery | None = None, privacy: PrivacyPlan | None = None) -> None:
         self.family, self.wire_dim = family, wire_dim
         self.splits = federation.evaluation_splits
         self.device = federation.train.x.device
@@ -291,7 +299,8 @@ class ArchitectureRuntime(ClientExecutor):
             members = kept[family.assignment[kept] == arch]
             if len(members):
                 self.runtimes[arch] = ClientRuntime(network, rule.spec, federation, rule, seed,
-                                                    ClientStateStore(members, self.device), attack)
+                                                    ClientStateStore(members, self.device), attack,
+                                                    privacy=privacy)
 
     def runtime_of(self, client_id: int) -> ClientRuntime:
         """The runtime of ``client_id``'s architecture (its rule and its state store)."""

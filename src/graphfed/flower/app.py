@@ -12,11 +12,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import yaml
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from graphfed.config import RunConfig, validate_config
+from graphfed.config import RunConfig, read_yaml, validate_config
 from graphfed.flower import protocol
 from graphfed.flower.client import client_app
 from graphfed.flower.server import FlowerExecutor
@@ -62,7 +61,7 @@ def unfinished_run(out_dir: Path) -> bool:
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    config = validate_config(yaml.safe_load(str(context.run_config[protocol.RUN_CONFIG_KEY])))
+    config = validate_config(read_yaml(str(context.run_config[protocol.RUN_CONFIG_KEY])))
     out_dir = str(context.run_config.get(protocol.OUT_DIR_KEY, "")) or None
     result = run_on_grid(grid, config, out_dir)
     drops = result.dropped_clients or []

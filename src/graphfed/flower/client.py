@@ -21,13 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
 
 from graphfed.client.executor import ArchitectureRuntime, ClientRuntime
 from graphfed.client.placement import resolve_device
-from graphfed.config import validate_config
+from graphfed.config import read_yaml, validate_config
 from graphfed.data import build_federation
 from graphfed.errors import ConfigError, UntrustedInputError
 from graphfed.flower import protocol
@@ -43,7 +42,7 @@ def _client_side(config_yaml: str, node_device: str | None = None) -> ClientSide
     """Config, method, networks, client rules and data for a run, built once per process (the config text and the
     node's device are the cache key). ``node_device``: the SuperNode's node config ``device``, which wins over the
     run config's ``train.device`` (each machine of a deployment names its own accelerator)."""
-    config = validate_config(yaml.safe_load(config_yaml))
+    config = validate_config(read_yaml(config_yaml))
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     device = resolve_device(node_device) if node_device is not None else None

@@ -78,6 +78,13 @@ class Method(ABC):
     #: weights the client was sent back then beside its delta, as asynchronous FL does (FedBuff); a method that
     #: sets this False loses late uploads instead
     accepts_late_uploads: ClassVar[bool] = True
+    #: why ``privacy.mechanism: central`` cannot protect this method's clients (None: it can). Central DP noises a
+    #: sum once; a server that computes each client's model from individual uploads needs each client's
+    #: contribution to its shared parameters clipped and noised, which only FedAvg's update is built for so far.
+    central_privacy_refusal: ClassVar[str | None] = (
+        "its server computes each client's model from the individual uploads, not from their sum; central DP for "
+        "it needs per-client clipping of the server's parameter gradient, which graphfed does not build yet: use "
+        "privacy.mechanism=local")
 
     def __init__(self, context: MethodContext, options: MethodOptions) -> None:
         self.context = context

@@ -50,6 +50,9 @@ class FedAvg(Method):
         # a read-only view: 1,000 clients of a 1.6M-parameter model would otherwise copy 6.4 GB per evaluation
         return self.global_weights.detach().unsqueeze(0).expand(len(client_ids), -1)
 
+    #: the server learns from a round only through the mean update: central DP noises the clipped sum instead
+    central_privacy_refusal = None
+
     def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
                metrics: dict[str, torch.Tensor]) -> None:
         # delta = sent - trained, so subtracting the mean delta moves towards the clients' models.

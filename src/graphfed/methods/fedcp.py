@@ -145,6 +145,9 @@ class FedCP(FedAvg):
     def broadcast(self, client_ids: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"policy": self.policy.expand(len(client_ids), -1).clone()}
 
+    central_privacy_refusal = ("its server averages the clients' policy networks beside their updates; only the "
+                               "update is clipped and noised")
+
     def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
                metrics: dict[str, torch.Tensor]) -> None:
         super().update(client_ids, sent, delta, metrics)

@@ -180,6 +180,8 @@ class FedPAC(FedAvg):
         return {"centroids": self.centroids.expand(count, -1, -1).clone(),
                 "centroid_counts": self.centroid_counts.expand(count, -1).clone()}
 
+    central_privacy_refusal = "its server reads each client's class centroids and counts, not only the sum of updates"
+
     def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
                metrics: dict[str, torch.Tensor]) -> None:
         heads = (sent - delta)[:, self.head_index]

@@ -35,7 +35,8 @@ from graphfed.client.metrics import (
     client_metrics,
 )
 from graphfed.client.placement import deterministic_algorithms
-from graphfed.config import ConfigError, RunConfig, dump_config, same_run, validate_config
+from graphfed.client.privacy import noised_mean
+from graphfed.config import ConfigError, RunConfig, dump_config, read_yaml, same_run, validate_config
 from graphfed.core import rng
 from graphfed.data.federation import Federation
 from graphfed.errors import CheckpointError, NonFiniteUpdateError, RunStoppedError
@@ -75,6 +76,14 @@ class Tracker:
     since_improvement: int = 0
     lost_uploads: int = 0  #: client updates lost to ``train.dropout`` (and late ones a method cannot use)
     late_uploads: int = 0  #: straggler updates that reached the method rounds late (``train.stragglers``)
+    #: how many rounds each client trained and uploaded in (its local-DP epsilon composes that many mechanisms)
+    uploads_per_client: list[int] = field(default_factory=list)
+
+    def count_uploads(self, client_ids: torch.Tensor, num_clients: int) -> None:
+        if not self.uploads_per_client:
+            self.uploads_per_client = [0] * num_clients
+        for client in client_ids.tolist():
+            self.uploads_per_client[client] += 1
 
     def offer(self, record: dict[str, Any], min_delta: float = 0.0) -> None:
         """Keep ``record`` if its validation score is the best so far; count evaluations without an improvement
@@ -152,6 +161,8 @@ class Simulator:
         if self.clients_per_round < config.train.clients_per_round:
             log.warning("train.clients_per_round is %d but only %d clients train; each round samples all %d",
                         config.train.clients_per_round, self.num_train_clients, self.clients_per_round)
+        self.privacy = self.setup.clients.privacy
+        self._check_privacy()
         self.late_ids = self._draw_late_clients()
         self.straggler_ids = self._draw_stragglers()
         #: straggler uploads on their way: (round index they arrive in, the weights the clients were sent, result)
@@ -175,6 +186,29 @@ class Simulator:
                                device="cpu")
         return train_ids[order[:count]].sort().values
 
+    def _check_privacy(self) -> None:
+        """``privacy:``: every upload the method's server reads is privatised, or the run stops here (one line)."""
+        mechanism, method = self.privacy.mechanism, type(self.setup.method)
+        if mechanism == "none":
+            return
+        prefix = f"privacy.mechanism={mechanism}: {method.name}"
+        if mechanism == "local":
+            for rule in self.setup.clients.rules:
+                uploads = [*rule.upload_shapes(), *(["feedback"] if rule.setting.training.feedback != "none" else [])]
+                if uploads:
+                    raise ConfigError(f"{prefix} uploads {', '.join(uploads)} beside its update; only the update is "
+                                      f"clipped and noised, so these would leave the client unprotected")
+            return
+        if method.central_privacy_refusal is not None:
+            raise ConfigError(f"{prefix}: {method.central_privacy_refusal}")
+        aggregation = getattr(self.setup.method.options, "aggregation", "fedavg")
+        if aggregation != "fedavg":
+            raise ConfigError(f"{prefix}: aggregation {aggregation} needs the individual updates; central DP releases "
+                              f"only their noised sum")
+        if self.config.train.late_clients or self.config.train.stragglers:
+            raise ConfigError(f"{prefix}: the accounting assumes Poisson sampling of every training client each "
+                              f"round; train.late_clients and train.stragglers change who takes part")
+
     def _draw_stragglers(self) -> torch.Tensor:
         """``train.stragglers``: the training clients whose uploads arrive late, drawn once from the seed."""
         train_ids = self.setup.federation.train_client_ids
@@ -186,6 +220,11 @@ class Simulator:
     # ---- pieces of a round ----------------------------------------------------------------------------
     def sample_clients(self, round_index: int) -> torch.Tensor:
         train_ids = self.setup.federation.train_client_ids
+        if self.privacy.sampling_rate is not None:
+            # central DP: Poisson sampling, each client alone with probability q, the sampling the accounting covers
+            coins = torch.rand(len(train_ids), generator=rng.generator(self.config.seed, round_index, "sampling"),
+                               device="cpu")
+            return train_ids[coins < self.privacy.sampling_rate]
         per_round = self.clients_per_round
         if round_index + 1 < self.config.train.join_round:  # late clients are not there yet
             train_ids = train_ids[~torch.isin(train_ids, self.late_ids)]
@@ -206,6 +245,7 @@ class Simulator:
         if communicates:
             self.tracker.bytes_down += (self.setup.wire_values(client_ids) + extra_down) * BYTES_PER_VALUE
         result = self.executor.train(client_ids, sent, round_index, "local_training", broadcast=broadcast)
+        self.tracker.count_uploads(result.client_ids, self.setup.federation.num_clients)
         if self.config.train.dropout > 0:
             result = self._lose_uploads(result, round_index)
         check_update(result.delta, result.client_ids, spec.dim, round_index, self.setup.federation.client_names)
@@ -215,6 +255,8 @@ class Simulator:
         if len(result.client_ids) == 0:
             log.warning("round %d: no client update arrived; the server model is unchanged", round_index + 1)
             return {"train_loss": float("nan"), "clients": 0}
+        if self.privacy.mechanism == "central":
+            result = self._central_release(result, round_index)
         method.update(result.client_ids, started, result.delta, result.metrics)
         rule = self.setup.client_rule
         extras = [*rule.upload_shapes(), *(["feedback"] if "feedback" in result.metrics else [])]
@@ -224,10 +266,20 @@ class Simulator:
         if communicates:
             self.tracker.bytes_up += (self.setup.wire_values(result.client_ids)
                                       + len(result.client_ids) * extra_up) * BYTES_PER_VALUE
+        if self.privacy.mechanism == "local":  # clients do not send their losses under local DP
+            return {"train_loss": None, "clients": len(result.client_ids)}
         loss = float(result.metrics["loss_last"].mean())
         if not math.isfinite(loss):
             raise NonFiniteUpdateError(f"round {round_index + 1}: non-finite training loss")
         return {"train_loss": loss, "clients": len(result.client_ids)}
+
+    def _central_release(self, result: TrainResult, round_index: int) -> TrainResult:
+        """``central``: the method sees only the noised mean of the clipped updates (every row the same, weight
+        1), so its mean update is DP-FedAvg's release; no individual update reaches it."""
+        released = noised_mean(result.delta, self.privacy, self.clients_per_round, self.config.seed, round_index)
+        rows = len(result.client_ids)
+        metrics = {**result.metrics, "num_examples": torch.ones_like(result.metrics["num_examples"])}
+        return TrainResult(result.rows, result.client_ids, released.unsqueeze(0).expand(rows, -1).clone(), metrics)
 
     def _lose_uploads(self, result: TrainResult, round_index: int) -> TrainResult:
         """``train.dropout``: each upload is lost with that probability (one seeded stream per round), the way a
@@ -463,7 +515,7 @@ class Simulator:
         if text == dump_config(self.config):
             return True
         try:
-            return same_run(validate_config(yaml.safe_load(text)), self.config)
+            return same_run(validate_config(read_yaml(text)), self.config)
         except (ConfigError, yaml.YAMLError, RecursionError):
             return False
 
@@ -640,6 +692,21 @@ class Simulator:
                 "models_note": self.models_note, "metrics": chosen or None,
                 "select_by": self.config.train.select_by or fed.metric}
 
+    def _privacy_record(self, rounds_run: int) -> dict[str, Any]:
+        """What the run spent, from the accounting library: central, epsilon over the rounds run; local, each
+        client's epsilon over the rounds it uploaded in."""
+        record = self.privacy.record()
+        if self.privacy.mechanism == "central":
+            record["epsilon"] = self.privacy.epsilon_of_rounds(rounds_run)
+            return record
+        fed = self.setup.federation
+        uploads = self.tracker.uploads_per_client or [0] * fed.num_clients
+        per_client = {fed.client_names[int(i)]: self.privacy.epsilon_of_rounds(uploads[int(i)])
+                      for i in fed.train_client_ids}
+        values = sorted(per_client.values())
+        record.update(epsilon_max=values[-1], epsilon_median=values[len(values) // 2], per_client_epsilon=per_client)
+        return record
+
     def _graph_record(self) -> dict[str, Any]:
         """Which client graph the run read (``dataset.graph``; "none" also when the dataset has none) and its size."""
         graph = self.setup.federation.client_graph
@@ -690,6 +757,7 @@ class Simulator:
                 "straggler_delay": cfg.train.straggler_delay, "late_uploads": self.tracker.late_uploads}
                if len(self.straggler_ids) else {}),
             "scored_clients": best.get("scored_clients"), "training_clients": self.num_train_clients,
+            **({"privacy": self._privacy_record(last.get("round", 0))} if self.privacy.active else {}),
             "wall_seconds": round(self.tracker.elapsed, 3),
             "bytes_up": self.tracker.bytes_up, "bytes_down": self.tracker.bytes_down,
             "peak_rss_mb": peak_rss_mb(), "torch_threads": cfg.torch_threads,

@@ -30,7 +30,7 @@ import numpy as np
 import yaml
 from numpy.typing import ArrayLike
 
-from graphfed.config import ConfigError, DatasetConfig, printable
+from graphfed.config import ConfigError, DatasetConfig, printable, read_yaml
 from graphfed.data.federation import ClientSplit, Federation, Task
 from graphfed.data.graphs import choose_novel_clients, edges_to_adjacency
 from graphfed.data.registry import DatasetInfo, Streams
@@ -135,7 +135,7 @@ def read_meta(root: Path) -> FolderMeta:
     if not path.exists():
         return FolderMeta()
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = read_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         raise _error(path, f"not valid YAML ({_first_line(err)})") from None
     except (OSError, UnicodeDecodeError) as err:

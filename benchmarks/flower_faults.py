@@ -1,0 +1,202 @@
+"""Flower deployments under faults: real ``flower-superlink`` / ``flower-supernode`` processes on 127.0.0.1, a
+fault injected mid-run, and what the run made of it, written to ``benchmarks/results/faults.json``.
+
+Each scenario starts a fresh deployment (the process harness of ``tests/test_flower_processes.py``: private
+``FLWR_HOME``, free ports, every process marked and reaped), runs Ditto (clients keep a personal model on their
+node: a lost or rewound state shows in the numbers) on FL-N with one client per node, every client every round,
+evaluation every round, and injects its fault once round ``--fault-after`` has been evaluated:
+
+* ``none``: no fault, the reference;
+* ``node_killed``: SIGKILL one SuperNode (and its ClientApp) for good;
+* ``node_restarted``: SIGKILL one SuperNode, start it again a few seconds later with the same partition id and
+  state folder (Flower gives it a new node id);
+* ``serverapp_killed``: SIGKILL the ServerApp process; ``flwr run`` the same app again (``flower.resume: auto``);
+* ``superlink_restarted``: SIGKILL the SuperLink (started with ``--database``) and start it again on the same
+  ports and database file;
+* ``nodes_20``: no fault, 20 SuperNodes, for the per-round cost of a larger federation on this machine.
+
+For each: the summary's status, the rounds run, clients dropped / rounds missed / clients re-admitted / resume
+points, how many clients the reported score covers, whether the numbers equal the reference's (``same_numbers``:
+test and validation means and every client's scores), ``flwr run``'s exit codes (they do not tell whether the
+run survived: ``summary.json`` does) and wall times per round.
+
+    .venv/bin/python benchmarks/flower_faults.py                 # every scenario, 4 nodes, 5 rounds (~15 min)
+    .venv/bin/python benchmarks/flower_faults.py --scenarios none,node_restarted --rounds 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # the process harness the deployment tests use
+
+from graphfed.config import load_config  # noqa: E402
+from graphfed.flower.app_folder import write_app_folder  # noqa: E402
+from test_flower_processes import VENV_BIN, Deployment, Processes, free_ports, marked_processes  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "faults.json"
+SCENARIOS = ("none", "node_killed", "node_restarted", "serverapp_killed", "superlink_restarted", "nodes_20")
+VICTIM = 1  # the partition whose node is killed
+RUN_TIMEOUT = 900.0
+CONFIG = """\
+seed: 0
+torch_threads: 1
+dataset: {{name: fln, num_clients: {clients}, novel_fraction: 0}}
+model: {{name: mlp, options: {{hidden: 8}}}}
+method: {{name: ditto}}
+train: {{rounds: {rounds}, eval_every: 1, clients_per_round: {clients}, local_steps: 5, batch_size: 16}}
+flower: {{round_timeout: 120, query_timeout: 120, node_wait_timeout: 300}}
+"""
+#: what two runs of the same config must agree on when no update was lost
+NUMBERS = ("test_mean", "test_std", "val_mean", "best_round", "final_test_mean", "per_client")
+
+
+def deploy(workdir: Path, nodes: int, database: bool) -> Deployment:
+    procs = Processes(workdir)
+    superlink_port, *node_ports = free_ports(1 + nodes)
+    home = workdir / "flwr-home"
+    home.mkdir(parents=True)
+    (home / "config.toml").write_text(f'[superlink]\ndefault = "dep"\n\n[superlink.dep]\n'
+                                      f'address = "127.0.0.1:{superlink_port}"\ninsecure = true\n')
+    dep = Deployment(procs, home, superlink_port, node_ports, workdir / "superlink.db" if database else None)
+    dep.start_superlink()
+    dep.ensure_supernodes()
+    return dep
+
+
+def rounds_done(results: Path) -> int:
+    path = results / "rounds.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def serverapp_pids(dep: Deployment) -> list[int]:
+    return [pid for pid, args in marked_processes(dep.procs.marker) if "flwr-serverapp" in args]
+
+
+def scenario(name: str, workdir: Path, nodes: int, rounds: int, fault_after: int) -> dict[str, Any]:
+    dep = deploy(workdir, nodes, database=name == "superlink_restarted")
+    config_path = workdir / "run.yaml"
+    config_path.write_text(CONFIG.format(clients=nodes, rounds=rounds))
+    app, results = workdir / "app", workdir / "results"
+    write_app_folder(load_config(config_path, []), app, results)
+    record: dict[str, Any] = {"scenario": name, "nodes": nodes, "rounds": rounds, "exit_codes": []}
+    started = time.monotonic()
+    try:
+        run = dep.procs.start("flwr-run", [str(VENV_BIN / "flwr"), "run", str(app), "dep", "--stream"],
+                              dep.cli_env())
+        if name not in ("none", "nodes_20"):
+            wait_until(lambda: rounds_done(results) >= fault_after or not run.alive(), RUN_TIMEOUT,
+                       f"round {fault_after} evaluated")
+            record["fault_at_round"] = rounds_done(results)
+            inject(name, dep)
+            if name == "serverapp_killed":
+                run.popen.wait(timeout=RUN_TIMEOUT)
+                record["exit_codes"].append(run.popen.returncode)
+                run = dep.procs.start("flwr-run-again", [str(VENV_BIN / "flwr"), "run", str(app), "dep",
+                                                         "--stream"], dep.cli_env())
+        run.popen.wait(timeout=RUN_TIMEOUT)
+        record["exit_codes"].append(run.popen.returncode)
+        record["wall_seconds"] = round(time.monotonic() - started, 1)
+        summary_path = results / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        rounds_log = [json.loads(line) for line in (results / "rounds.jsonl").read_text().splitlines()]
+        walls = [r["wall_seconds"] for r in rounds_log]
+        record.update({
+            "status": summary.get("status", "no summary.json (the ServerApp did not finish)"),
+            "rounds_run": summary.get("rounds"), "rounds_logged": [r["round"] for r in rounds_log],
+            "clients_dropped": sorted({d["client"] for d in summary.get("dropped_clients") or []}),
+            "drop_counts": summary.get("drop_counts"), "missed_rounds": summary.get("missed_rounds"),
+            "readmitted": summary.get("readmitted"), "resumed_at": summary.get("resumed_at"),
+            "scored_clients": summary.get("scored_clients"), "training_clients": summary.get("training_clients"),
+            "coverage_by_round": {r["round"]: r.get("scored_clients") for r in rounds_log},
+            "seconds_per_round": round((walls[-1] - walls[0]) / (len(walls) - 1), 2) if len(walls) > 1 else None,
+            "numbers": {key: summary.get(key) for key in NUMBERS},
+        })
+    finally:
+        record["left_running"] = dep.procs.stop()
+    return record
+
+
+def inject(name: str, dep: Deployment) -> None:
+    procs = dep.procs
+    if name in ("node_killed", "node_restarted"):
+        procs.get(f"supernode{VICTIM}").signal_group(signal.SIGKILL)
+        if name == "node_restarted":
+            time.sleep(5.0)
+            dep.start_supernode(VICTIM)
+    elif name == "serverapp_killed":
+        pids = serverapp_pids(dep)
+        if not pids:
+            raise RuntimeError("no flwr-serverapp process found to kill")
+        for pid in pids:
+            subprocess.run(["kill", "-9", str(pid)], check=False)
+    elif name == "superlink_restarted":
+        superlink = procs.get("superlink")
+        superlink.popen.send_signal(signal.SIGKILL)  # the SuperLink alone: its SuperExec and ServerApp stay
+        superlink.popen.wait(timeout=30)
+        time.sleep(3.0)
+        dep.start_superlink()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--fault-after", type=int, default=2, help="inject once this many rounds are evaluated")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    names = [name for name in args.scenarios.split(",") if name]
+    unknown = set(names) - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown scenarios {sorted(unknown)}; choose from {', '.join(SCENARIOS)}")
+    previous = json.loads(args.out.read_text()) if args.out.exists() else {}
+    records = {record["scenario"]: record for record in previous.get("scenarios", [])}
+    for name in names:
+        with tempfile.TemporaryDirectory(prefix=f"graphfed-faults-{name}-") as workdir:
+            nodes, rounds = (20, 2) if name == "nodes_20" else (args.nodes, args.rounds)
+            print(f"{name}: {nodes} nodes, {rounds} rounds ...", flush=True)
+            try:
+                records[name] = scenario(name, Path(workdir), nodes, rounds, args.fault_after)
+            except Exception as err:  # a scenario that breaks is a finding too: record it, go on
+                records[name] = {"scenario": name, "nodes": nodes, "rounds": rounds,
+                                 "status": f"harness error: {type(err).__name__}: {err}"[:300]}
+            print(json.dumps({k: v for k, v in records[name].items() if k != "numbers"}), flush=True)
+    reference = records.get("none", {}).get("numbers")
+    for record in records.values():
+        if record.get("nodes") == args.nodes and "numbers" in record and reference:
+            record["same_numbers_as_none"] = record["numbers"] == reference
+        record["survived"] = str(record.get("status")) == "completed"
+    import flwr
+    import torch
+
+    document = {"machine": {"python": platform.python_version(), "torch": torch.__version__,
+                            "flwr": flwr.__version__, "cpus": __import__("os").cpu_count()},
+                "method": "ditto", "dataset": "fln (one client per SuperNode, every client every round)",
+                "scenarios": [records[name] for name in SCENARIOS if name in records]}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

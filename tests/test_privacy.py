@@ -1,0 +1,218 @@
+"""Client-level differential privacy (``privacy:``): the epsilon a run reports is the accounting library's own, a
+target epsilon is met, every upload that leaves a client (or enters the server's sum) is clipped, the noise has the
+stated size, a mechanism without noise or clipping is the plain run, and what cannot be privatised is refused."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import dp_accounting
+import pytest
+import torch
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+from flwr.app import Message, RecordDict
+from typer.testing import CliRunner
+
+from conftest import ConfigFactory, tiny_overrides, without_wall_time
+from graphfed import cli
+from graphfed.client.privacy import PrivacyPlan, clip_rows, epsilon, noised_mean, privatize_uploads
+from graphfed.config import PrivacyConfig
+from graphfed.flower.app import run_on_grid
+from graphfed.flower.server import FLOWER_FIELDS
+from graphfed.sim.engine import Simulator, run_config
+from test_flower import flower_config, grid_for
+
+
+def private(make_config: ConfigFactory, mechanism: str, *overrides: str, method: str = "fedavg"):  # type: ignore[no-untyped-def]
+    return make_config(method, f"privacy.mechanism={mechanism}", *overrides)
+
+
+def library_epsilon(noise: float, rounds: int, rate: float | None, delta: float, kind: str = "pld") -> float:
+    gaussian = dp_accounting.GaussianDpEvent(noise)
+    step = gaussian if rate is None else dp_accounting.PoissonSampledDpEvent(rate, gaussian)
+    accountant = (pld_privacy_accountant.PLDAccountant() if kind == "pld" else rdp_privacy_accountant.RdpAccountant())
+    accountant.compose(dp_accounting.SelfComposedDpEvent(step, rounds))
+    return float(accountant.get_epsilon(delta))
+
+
+# ---- accounting --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["pld", "rdp"])
+def test_a_central_runs_epsilon_is_the_librarys_for_its_sampling_noise_and_rounds(make_config: ConfigFactory,
+                                                                                 kind: str) -> None:
+    config = private(make_config, "central", "privacy.noise_multiplier=1.1", f"privacy.accountant={kind}",
+                     "train.rounds=12", "train.eval_every=6")
+    result = Simulator(config, progress=False).run()
+    record = result.privacy or {}
+    train_clients = result.training_clients or 0
+    rate = config.train.clients_per_round / train_clients
+    assert record["delta"] == pytest.approx(0.1 / train_clients)  # the stated default, below 1 / clients
+    assert record["sampling"] == f"poisson, q = {rate:.6g} per client and round"
+    assert record["epsilon"] == library_epsilon(1.1, 12, rate, record["delta"], kind)
+
+
+def test_a_local_runs_epsilon_per_client_composes_the_rounds_that_client_uploaded_in(
+        make_config: ConfigFactory) -> None:
+    config = private(make_config, "local", "privacy.noise_multiplier=2.0", "privacy.delta=1e-5", "train.rounds=10")
+    result = Simulator(config, progress=False).run()
+    per_client = (result.privacy or {})["per_client_epsilon"]
+    sampled = [Simulator(config, progress=False).sample_clients(r).tolist() for r in range(10)]
+    names = list(result.per_client or {})
+    for name, value in per_client.items():
+        rounds = sum(names.index(name) in ids for ids in sampled)
+        assert value == (library_epsilon(2.0, rounds, None, 1e-5) if rounds else 0.0), name
+    assert result.privacy["epsilon_max"] == max(per_client.values())
+
+
+@pytest.mark.parametrize(("noise", "rounds", "rate", "delta"), [(0.8, 50, 0.05, 1e-5), (1.5, 200, 0.2, 1e-6),
+                                                                 (3.0, 10, None, 1e-5), (1.0, 100, 0.01, 1e-3)])
+def test_pld_is_never_looser_than_rdp(noise: float, rounds: int, rate: float | None, delta: float) -> None:
+    assert epsilon("pld", noise, rounds, rate, delta) <= epsilon("rdp", noise, rounds, rate, delta)
+
+
+@pytest.mark.parametrize(("mechanism", "target"), [("central", 2.0), ("local", 4.0)])
+def test_a_target_epsilon_is_met_within_one_percent(make_config: ConfigFactory, mechanism: str,
+                                                    target: float) -> None:
+    config = private(make_config, mechanism, f"privacy.target_epsilon={target}", "train.rounds=10",
+                     "train.eval_every=10")
+    simulator = Simulator(config, progress=False)
+    plan = simulator.privacy
+    planned = plan.epsilon_of_rounds(config.train.rounds)  # local: a client in every round, the worst case
+    assert planned <= target * (1 + 1e-9)
+    assert planned == pytest.approx(target, rel=0.01)
+
+
+# ---- the mechanisms ------------------------------------------------------------------------------------------------
+def plan(mechanism: str, clip: float, noise: float) -> PrivacyPlan:
+    return PrivacyPlan(mechanism, clip, noise, 1e-5, "pld", 10, 0.5 if mechanism == "central" else None)
+
+
+def test_clipping_bounds_every_row_and_leaves_small_rows_alone() -> None:
+    delta = torch.randn(50, 300, generator=torch.Generator().manual_seed(0)) * torch.logspace(-3, 1, 50)[:, None]
+    clipped = clip_rows(delta, 1.0)
+    norms = torch.linalg.vector_norm(clipped, dim=1)
+    assert (norms <= 1.0 + 1e-6).all()
+    small = torch.linalg.vector_norm(delta, dim=1) <= 1.0
+    assert torch.equal(clipped[small], delta[small]) and small.any() and (~small).any()
+    assert torch.equal(clip_rows(delta, math.inf), delta)
+
+
+def test_the_noise_has_the_stated_standard_deviation() -> None:
+    """Many draws: local noise per value is N(0, (noise_multiplier * clip)^2); central noise on the sum, divided by
+    the expected cohort."""
+    zeros = torch.zeros(4, 50_000)
+    local = privatize_uploads(zeros, plan("local", 2.0, 1.5), 0, 3, torch.arange(4))
+    assert local.std().item() == pytest.approx(3.0, rel=0.01) and abs(local.mean().item()) < 0.02
+    assert not torch.equal(local[0], local[1])  # one stream per client
+    central = noised_mean(zeros, plan("central", 2.0, 1.5), 5.0, 0, 3)
+    assert central.std().item() == pytest.approx(3.0 / 5.0, rel=0.01)
+
+
+def test_every_update_a_local_client_uploads_is_clipped(make_config: ConfigFactory) -> None:
+    from graphfed.methods.fedavg import FedAvg
+
+    norms: list[float] = []
+    update = FedAvg.update
+
+    def recording(self: FedAvg, client_ids, sent, delta, metrics) -> None:  # type: ignore[no-untyped-def]
+        norms.extend(torch.linalg.vector_norm(delta, dim=1).tolist())
+        update(self, client_ids, sent, delta, metrics)
+
+    config = private(make_config, "local", "privacy.noise_multiplier=0", "privacy.clip_norm=0.05")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(FedAvg, "update", recording)
+        Simulator(config, progress=False).run()
+    assert len(norms) == config.train.rounds * config.train.clients_per_round
+    assert max(norms) <= 0.05 * (1 + 1e-5) and max(norms) > 0.049  # raw updates are larger: all were clipped
+
+
+def test_a_central_server_hands_the_method_only_the_noised_mean(make_config: ConfigFactory) -> None:
+    from graphfed.methods.fedavg import FedAvg
+
+    seen: list[torch.Tensor] = []
+    update = FedAvg.update
+
+    def recording(self: FedAvg, client_ids, sent, delta, metrics) -> None:  # type: ignore[no-untyped-def]
+        seen.append(delta.clone())
+        assert torch.equal(metrics["num_examples"], torch.ones_like(metrics["num_examples"]))
+        update(self, client_ids, sent, delta, metrics)
+
+    config = private(make_config, "central", "privacy.noise_multiplier=0.7", "privacy.clip_norm=0.5")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(FedAvg, "update", recording)
+        Simulator(config, progress=False).run()
+    assert seen and all(torch.equal(rows, rows[:1].expand_as(rows)) for rows in seen)
+
+
+def test_noise_zero_and_no_clipping_is_the_plain_run(make_config: ConfigFactory) -> None:
+    """``local`` with noise 0 and clip .inf changes nothing: the same numbers as the run without privacy."""
+    plain = run_config(make_config("ditto"), progress=False)
+    degenerate = run_config(private(make_config, "local", "privacy.noise_multiplier=0", "privacy.clip_norm=.inf",
+                                    method="ditto"), progress=False)
+    assert {k: v for k, v in without_wall_time(degenerate).items() if k != "privacy"} == without_wall_time(plain)
+    assert degenerate.privacy["epsilon_max"] == math.inf
+
+
+def test_privacy_needs_exactly_one_noise_source() -> None:
+    with pytest.raises(ValueError, match=r"give exactly one of privacy\.noise_multiplier and privacy\.target_epsilon"):
+        PrivacyConfig(mechanism="local")
+    with pytest.raises(ValueError, match="give exactly one"):
+        PrivacyConfig(mechanism="central", noise_multiplier=1.0, target_epsilon=2.0)
+
+
+# ---- refusals ------------------------------------------------------------------------------------------------------
+REFUSED = {
+    "pfedgat local": ("pfedgat", ["privacy.mechanism=local"],
+                      "privacy.mechanism=local: pfedgat uploads feedback beside its update"),
+    "fedpac local": ("fedpac", ["privacy.mechanism=local"], "privacy.mechanism=local: fedpac uploads "),
+    "panacea central": ("panacea", ["privacy.mechanism=central"],
+                        "privacy.mechanism=central: panacea: its server computes each client's model from the "
+                        "individual uploads"),
+    "median central": ("fedavg", ["privacy.mechanism=central", "method.options.aggregation=fedmedian"],
+                       "privacy.mechanism=central: fedavg: aggregation fedmedian needs the individual updates"),
+    "no noise given": ("fedavg", ["privacy.mechanism=local"], "give exactly one of privacy.noise_multiplier"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_what_cannot_be_privatised_exits_2_with_one_line(case: str, tmp_path: Path) -> None:
+    method, overrides, message = REFUSED[case]
+    noise = [] if case == "no noise given" else ["privacy.noise_multiplier=1.0"]
+    args = [a for o in [*tiny_overrides(method), *overrides, *noise] for a in ("--set", o)]
+    result = CliRunner().invoke(cli.app, ["run", "demo", *args, "--out", str(tmp_path / "out"), "--no-progress"])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], lines
+    assert not (tmp_path / "out").exists()
+
+
+# ---- on Flower -----------------------------------------------------------------------------------------------------
+def test_a_supernode_sends_only_clipped_updates_under_local_dp() -> None:
+    config = flower_config("fedavg", "privacy.mechanism=local", "privacy.noise_multiplier=0",
+                           "privacy.clip_norm=0.01")
+    grid = grid_for(config)
+    sent_norms: list[float] = []
+
+    def reading(content: RecordDict, message: Message) -> RecordDict:
+        if message.metadata.message_type == "train":
+            sent_norms.append(float(torch.linalg.vector_norm(torch.from_numpy(
+                content["delta"].to_numpy_ndarrays()[0]))))
+        return content
+
+    for node in grid.contexts:
+        grid.tamper[node] = reading
+    assert run_on_grid(grid, config, None).status == "completed"
+    assert sent_norms and max(sent_norms) <= 0.01 * (1 + 1e-5)
+
+
+def test_flower_nodes_add_the_simulators_noise_under_local_dp() -> None:
+    """The noise is drawn on the node, from the (run, round, client) stream: the deployment's numbers are the
+    simulator's."""
+    config = flower_config("fedavg", "privacy.mechanism=local", "privacy.noise_multiplier=0.3",
+                           "privacy.clip_norm=0.5")
+    on_flower = run_on_grid(grid_for(config), config, None)
+    simulated = run_config(config, progress=False)
+    drop = (*FLOWER_FIELDS, "models_note")
+    assert ({k: v for k, v in without_wall_time(on_flower).items() if k not in drop}
+            == {k: v for k, v in without_wall_time(simulated).items() if k not in drop})
