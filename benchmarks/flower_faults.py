@@ -12,8 +12,10 @@ evaluation every round, and injects its fault once round ``--fault-after`` has b
   state folder (Flower gives it a new node id);
 * ``serverapp_killed``: SIGKILL the ServerApp process; ``flwr run`` the same app again (``flower.resume: auto``);
 * ``superlink_restarted``: SIGKILL the SuperLink (started with ``--database``) and start it again on the same
-  ports and database file;
-* ``nodes_20``: no fault, 20 SuperNodes, for the per-round cost of a larger federation on this machine.
+  ports and database file; the SuperNodes reconnect, but in Flower 1.41 the ServerApp ends with its SuperLink, so
+  ``flwr run`` is started again and resumes from the checkpoint;
+* ``nodes_20``: no fault, 20 SuperNodes, for the per-round cost of a larger federation on this machine, beside
+  the same config on graphfed's simulator and on the in-process grid (Flower's messages, no processes).
 
 For each: the summary's status, the rounds run, clients dropped / rounds missed / clients re-admitted / resume
 points, how many clients the reported score covers, whether the numbers equal the reference's (``same_numbers``:
@@ -41,7 +43,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the process harness the deployment tests use
 
-from graphfed.config import load_config  # noqa: E402
+from graphfed.config import RunConfig, dump_config, load_config  # noqa: E402
 from graphfed.flower.app_folder import write_app_folder  # noqa: E402
 from test_flower_processes import VENV_BIN, Deployment, Processes, free_ports, marked_processes  # noqa: E402
 
@@ -115,6 +117,17 @@ def scenario(name: str, workdir: Path, nodes: int, rounds: int, fault_after: int
                                                          "--stream"], dep.cli_env())
         run.popen.wait(timeout=RUN_TIMEOUT)
         record["exit_codes"].append(run.popen.returncode)
+        # `flwr run --stream` ends when its stream does (a SuperLink restart cuts it): the ServerApp may go on
+        wait_until(lambda: (results / "summary.json").exists() or not serverapp_pids(dep), RUN_TIMEOUT,
+                   "the ServerApp to finish")
+        if name == "superlink_restarted" and not (results / "summary.json").exists():
+            # the ServerApp lost its SuperLink and ended (Flower 1.41); the nodes reconnected to the restarted
+            # SuperLink: `flwr run` again, and the ServerApp resumes from its checkpoint
+            record["serverapp_started_again"] = True
+            run = dep.procs.start("flwr-run-again", [str(VENV_BIN / "flwr"), "run", str(app), "dep", "--stream"],
+                                  dep.cli_env())
+            run.popen.wait(timeout=RUN_TIMEOUT)
+            record["exit_codes"].append(run.popen.returncode)
         record["wall_seconds"] = round(time.monotonic() - started, 1)
         summary_path = results / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
@@ -133,7 +146,30 @@ def scenario(name: str, workdir: Path, nodes: int, rounds: int, fault_after: int
         })
     finally:
         record["left_running"] = dep.procs.stop()
+    if name == "nodes_20":
+        record["same_config_elsewhere"] = other_engines(load_config(config_path, []), workdir)
     return record
+
+
+def other_engines(config: RunConfig, workdir: Path) -> dict[str, float | None]:
+    """Seconds per round (train + evaluate) of the same config on graphfed's simulator and on Flower's message path
+    in one process (the in-process grid: serialisation and one client at a time, no processes)."""
+    from graphfed.flower import protocol
+    from graphfed.flower.app import run_on_grid
+    from graphfed.flower.client import client_app
+    from graphfed.flower.inprocess import InProcessGrid
+    from graphfed.sim.engine import run_config
+
+    def per_round(out: Path) -> float | None:
+        walls = [json.loads(line)["wall_seconds"] for line in (out / "rounds.jsonl").read_text().splitlines()]
+        return round((walls[-1] - walls[0]) / (len(walls) - 1), 3) if len(walls) > 1 else None
+
+    run_config(config, workdir / "sim", progress=False)
+    grid = InProcessGrid(client_app, config.dataset.num_clients or 0, {protocol.RUN_CONFIG_KEY: dump_config(config)},
+                         state_dir=workdir / "inprocess-state")
+    run_on_grid(grid, config, workdir / "inprocess")
+    return {"simulator_seconds_per_round": per_round(workdir / "sim"),
+            "inprocess_grid_seconds_per_round": per_round(workdir / "inprocess")}
 
 
 def inject(name: str, dep: Deployment) -> None:

@@ -30,6 +30,7 @@ import pytest
 from conftest import read_rounds
 from graphfed.config import load_config
 from graphfed.flower.app_folder import write_app_folder
+from graphfed.sim.engine import run_config
 
 #: The virtual environment's bin folder (flwr, flower-superlink, flower-supernode, graphfed). Not resolved:
 #: the interpreter is a symlink out of the venv.
@@ -394,6 +395,28 @@ def test_deployment_run_survives_a_killed_supernode(deployment: Deployment) -> N
     output = run.log.read_text(errors="replace")
     assert "round 2: client 2 dropped" in output, procs.tails()
     assert "graphfed run completed" in output, procs.tails()
+
+
+@pytest.mark.slow
+def test_secagg_plus_fedavg_on_real_supernodes_matches_the_plain_run(deployment: Deployment) -> None:
+    """`flower.secure_aggregation: true`: `graphfed flower-app` writes the SecAgg+ app; 2 rounds of FedAvg through
+    Flower's SecAgg+ workflow (3 SuperNodes, every client in every round) end where the simulator's plain run
+    does, within SecAgg+'s quantisation (2 * 8 / 2^22 per value of the mean update), and the summary states it."""
+    deployment.ensure_supernodes()
+    workdir = deployment.procs.workdir
+    app, results = write_app(workdir, "secagg", "fedavg", "flower.secure_aggregation=true", "train.rounds=2")
+    assert 'serverapp = "graphfed.flower.secagg:server_app"' in (app / "pyproject.toml").read_text()
+    output = run_flwr(deployment.procs, "flwr-run-secagg", ["run", str(app), "dep", "--stream"],
+                      deployment.cli_env())
+    summary = read_summary(results, deployment.procs)
+    assert summary["status"] == "completed", deployment.procs.tails()
+    assert "SecAgg+" in output or "secagg" in output.lower(), deployment.procs.tails()
+    assert summary["secure_aggregation"]["max_error_per_value"] == 2 * 8.0 / 2**22
+    plain = run_config(load_config(workdir / "secagg.yaml", ["flower.secure_aggregation=true", "train.rounds=2"]),
+                       progress=False)
+    assert summary["best_round"] == plain.best_round and summary["scored_clients"] == NUM_NODES
+    assert summary["test_mean"] == pytest.approx(plain.test_mean, abs=0.01)
+    assert summary["val_mean"] == pytest.approx(plain.val_mean, abs=0.01)
 
 
 # ---- (C) deployment with TLS and SuperNode authentication ---------------------------------------------------

@@ -216,3 +216,43 @@ def test_flower_nodes_add_the_simulators_noise_under_local_dp() -> None:
     drop = (*FLOWER_FIELDS, "models_note")
     assert ({k: v for k, v in without_wall_time(on_flower).items() if k not in drop}
             == {k: v for k, v in without_wall_time(simulated).items() if k not in drop})
+
+
+# ---- secure aggregation (SecAgg+ on real SuperNodes: tests/test_flower_processes.py) ------------------------------
+SECAGG_REFUSED = {
+    "panacea": (["method.name=panacea"], "flower.secure_aggregation: panacea: its server computes each client's "
+                "model from the individual uploads, not from their sum; SecAgg+ reveals only the mean"),
+    "median": (["method.options.aggregation=fedmedian"], "flower.secure_aggregation: fedavg: aggregation fedmedian "
+               "needs the individual updates"),
+    "sampled": (["train.clients_per_round=2"], "flower.secure_aggregation: fedavg: needs every client in every round"),
+    "pfedgat": (["method.name=pfedgat"], "flower.secure_aggregation: pfedgat: its server computes"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SECAGG_REFUSED))
+def test_secure_aggregation_is_refused_where_the_server_needs_more_than_the_mean(case: str, tmp_path: Path) -> None:
+    overrides, message = SECAGG_REFUSED[case]
+    base = ["dataset.name=fln", "dataset.num_clients=4", "dataset.novel_fraction=0", "train.clients_per_round=4",
+            "flower.secure_aggregation=true", "method.name=fedavg", *overrides]
+    args = [a for o in base for a in ("--set", o)]
+    result = CliRunner().invoke(cli.app, ["flower-app", "demo", *args, "--out", str(tmp_path / "app")])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], lines
+    assert not (tmp_path / "app").exists()
+
+
+def test_the_plain_serverapp_refuses_a_secure_aggregation_config() -> None:
+    """A secure-aggregation config handed to graphfed's own ServerApp (which reads every reply) stops at once."""
+    from flwr.app import Context
+
+    from graphfed.config import dump_config
+    from graphfed.errors import ConfigError
+    from graphfed.flower import protocol
+    from graphfed.flower.app import main as plain_main
+
+    config = flower_config("fedavg", "flower.secure_aggregation=true")
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                      run_config={protocol.RUN_CONFIG_KEY: dump_config(config)})
+    with pytest.raises(ConfigError, match=r"run the SecAgg\+ app"):
+        plain_main(grid_for(config), context)

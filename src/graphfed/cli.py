@@ -366,6 +366,13 @@ def flower_app(config: Annotated[Path, typer.Argument(help="YAML run config")],
     except ImportError:
         _fail("the Flower engine needs flwr: pip install 'graphfed[flower]'", EXIT_CONFIG)
     cfg = _load(config, overrides)
+    if cfg.flower.secure_aggregation:  # refuse before writing anything: the method must need only the mean
+        from graphfed.flower.secagg import secure_aggregation_refusal
+        from graphfed.setup import build_setup
+
+        refusal = secure_aggregation_refusal(cfg, build_setup(cfg))
+        if refusal:
+            _fail(refusal, EXIT_CONFIG)
     path = write_app_folder(cfg, out, results)
     console.print(f"wrote {path}\n  local simulation: flwr run {out} --federation-config "
                   f"\"num-supernodes={cfg.dataset.num_clients or 'N'} "

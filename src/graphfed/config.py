@@ -228,6 +228,13 @@ class FlowerConfig(_Strict):
                                     "a round completes with whatever arrived before round_timeout")
     checkpoint_every: int = Field(default=1, ge=1, description="rounds between the ServerApp's checkpoints (a "
                                   "deployment resumes from the last one; train.checkpoint_every is the simulator's)")
+    secure_aggregation: bool = Field(default=False, description="SecAgg+ (Flower's legacy workflow): the server "
+                                     "sees only the weighted mean of the updates; FedAvg-family methods with every "
+                                     "client in every round (graphfed flower-app writes the secure app)")
+    secagg_clipping_range: float = Field(default=8.0, gt=0, description="SecAgg+: update values are clipped to "
+                                         "[-range, range] before quantisation")
+    secagg_quantization_range: int = Field(default=2**22, ge=2, le=2**30, description="SecAgg+: levels each value "
+                                           "is quantised to (the mean is exact to 2 * clipping_range / this)")
     resume: Literal["auto", "never"] = Field(default="auto", description="auto: a ServerApp started on a results "
                                              "folder that holds an unfinished run of this config continues it from "
                                              "its checkpoint; never: it starts again at round 1")

@@ -288,6 +288,8 @@ class RunResult(BaseModel):
     #: ``privacy:`` as run (mechanism, clip, noise multiplier, delta, accountant, sampling) and the epsilon spent:
     #: ``epsilon`` (central) or ``epsilon_max``, ``epsilon_median`` and ``per_client_epsilon`` (local)
     privacy: dict[str, Any] | None = None
+    #: ``flower.secure_aggregation``: the SecAgg+ settings and the largest error its quantisation adds per value
+    secure_aggregation: dict[str, Any] | None = None
     training_clients: int | None = None
     #: why ``models/best.pt`` was not written (None: it holds every client's model at ``best_round``)
     models_note: str | None = None

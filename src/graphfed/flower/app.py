@@ -15,7 +15,7 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from graphfed.config import RunConfig, read_yaml, validate_config
+from graphfed.config import ConfigError, RunConfig, read_yaml, validate_config
 from graphfed.flower import protocol
 from graphfed.flower.client import client_app
 from graphfed.flower.server import FlowerExecutor
@@ -62,6 +62,9 @@ def unfinished_run(out_dir: Path) -> bool:
 def main(grid: Grid, context: Context) -> None:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     config = validate_config(read_yaml(str(context.run_config[protocol.RUN_CONFIG_KEY])))
+    if config.flower.secure_aggregation:
+        raise ConfigError("flower.secure_aggregation: this app's ServerApp reads every reply; run the SecAgg+ app "
+                          "(serverapp = graphfed.flower.secagg:server_app; graphfed flower-app writes it)")
     out_dir = str(context.run_config.get(protocol.OUT_DIR_KEY, "")) or None
     result = run_on_grid(grid, config, out_dir)
     drops = result.dropped_clients or []

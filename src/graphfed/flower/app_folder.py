@@ -10,6 +10,9 @@ from graphfed.flower import protocol
 # Components are plain module attributes of the installed graphfed (flwr resolves them by reading the source).
 SERVER_APP = "graphfed.flower.app:server_app"
 CLIENT_APP = "graphfed.flower.client:client_app"
+#: flower.secure_aggregation: Flower's SecAgg+ workflow (graphfed.flower.secagg)
+SECURE_SERVER_APP = "graphfed.flower.secagg:server_app"
+SECURE_CLIENT_APP = "graphfed.flower.secagg:client_app"
 
 
 def app_pyproject(config: RunConfig, out_dir: Path, name: str = "graphfed-run") -> str:
@@ -24,7 +27,9 @@ def app_pyproject(config: RunConfig, out_dir: Path, name: str = "graphfed-run") 
             "hatch": {"build": {"targets": {"wheel": {"packages": ["."]}}}},
             "flwr": {"app": {
                 "publisher": "graphfed",
-                "components": {"serverapp": SERVER_APP, "clientapp": CLIENT_APP},
+                "components": ({"serverapp": SECURE_SERVER_APP, "clientapp": SECURE_CLIENT_APP}
+                               if config.flower.secure_aggregation else
+                               {"serverapp": SERVER_APP, "clientapp": CLIENT_APP}),
                 "config": {protocol.RUN_CONFIG_KEY: dump_config(config), protocol.OUT_DIR_KEY: str(out_dir)},
             }},
         },

@@ -9,6 +9,7 @@ Client -> server (query): ``ConfigRecord "identity"`` with the node's ``partitio
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -143,6 +144,11 @@ def train_content(weights: torch.Tensor, client_id: int, round_index: int, purpo
     if steps is not None:
         values["steps"] = steps
     return RecordDict({"arrays": weights_record(weights), "config": ConfigRecord(values)})
+
+
+def run_token_of(config_text: str) -> str:
+    """A run token named by the run's config (the SecAgg+ path, whose legacy messages carry no token of ours)."""
+    return hashlib.sha256(config_text.encode()).hexdigest()[:32]
 
 
 def resume_points(config: ConfigRecord) -> tuple[int, ...]:

@@ -1,0 +1,208 @@
+"""The privacy-utility report: what client-level DP costs each method, from the committed runs of the suite.
+
+    .venv/bin/graphfed bench benchmarks/suites/privacy.yaml --out benchmarks/results/privacy --in-process
+    .venv/bin/python benchmarks/privacy_audit.py    # the canary audit -> results/privacy/audit.json (optional)
+    .venv/bin/python benchmarks/privacy.py          # -> results/privacy/report.md, plots/*.png
+
+It reads only ``summary.json`` files (and ``audit.json``), so the report regenerates exactly from them. A run's
+number is the mean test accuracy over its clients at the round of best mean validation accuracy; a cell is mean ±
+sample std over seeds. Each private cell is compared with the same method without DP, and with the clients' trivial
+predictors (majority class of their training rows), under the reproduction report's rule (Welch's t-test over
+seeds at 5 %).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from graphfed.report.verdicts import TEST_NAME, compare_against, sample_std
+from graphfed.runs import RunResult, read_result
+
+ROOT = Path(__file__).resolve().parent
+SUITE = ROOT / "suites" / "privacy.yaml"
+RESULTS = ROOT / "results" / "privacy"
+EPSILONS = (1, 2, 4, 8)
+MECHANISMS = ("local", "central")
+OUTCOME_WORDS = {"beats": "higher", "loses": "lower", "undecided": "undecided"}
+
+
+def suite() -> dict[str, Any]:
+    return yaml.safe_load(SUITE.read_text())
+
+
+def cell_key(mechanism: str, eps: int | None) -> str:
+    return "none" if eps is None else f"{mechanism}-eps{eps}"
+
+
+def runs_of(cell: str, method: str) -> list[RunResult]:
+    """The runs of one cell that completed, or that the noise drove to NaN/Inf (the run stopped; it is scored at
+    its best-validation round before that, and counted: divergence is part of what DP costs)."""
+    found = [read_result(path.parent) for path in sorted((RESULTS / "runs" / cell / method).glob("seed*/summary.json"))]
+    return [run for run in found if run.completed or diverged(run)]
+
+
+def diverged(run: RunResult) -> bool:
+    return run.status.startswith("stopped:") and "non-finite" in run.status
+
+
+def scores(runs: list[RunResult], key: str = "test_mean") -> list[float]:
+    return [100 * getattr(run, key) for run in runs if getattr(run, key) is not None]
+
+
+def mean_std(values: list[float], runs: list[RunResult] | None = None) -> str:
+    if not values:
+        return "not run"
+    notes = [] if len(values) == 3 else [f"scored in {len(values)} seed{'s' if len(values) > 1 else ''}"]
+    broken = sum(diverged(run) for run in runs or [])
+    if broken:  # a diverged run is scored at its best round before the noise broke it, if it had one
+        notes.append(f"{broken} of {len(runs or [])} diverged")
+    return f"{statistics.fmean(values):.1f} ± {sample_std(values):.1f}" + (f" ({', '.join(notes)})" if notes else "")
+
+
+def versus(values: list[float], reference: list[float]) -> str:
+    """How ``values`` compare with ``reference`` under the rule: higher / lower / undecided, with p."""
+    if len(values) < 2 or len(reference) < 2:
+        return "—"
+    (comparison,) = compare_against(values, {"reference": reference}, higher_is_better=True)
+    return f"{OUTCOME_WORDS[comparison.outcome]} (p = {comparison.p_value:.2g})"
+
+
+def methods_of(data: dict[str, Any], mechanism: str) -> list[str]:
+    return list(data["datasets"][cell_key(mechanism, EPSILONS[0])]["methods"])
+
+
+def utility_table(data: dict[str, Any]) -> list[str]:
+    lines = ["| method | mechanism | " + " | ".join(f"ε = {e}" for e in EPSILONS) + " | no DP |",
+             "|---|---|" + "---|" * (len(EPSILONS) + 1)]
+    for mechanism in MECHANISMS:
+        for method in methods_of(data, mechanism):
+            plain = scores(runs_of("none", method))
+            cells = [mean_std(scores(runs := runs_of(cell_key(mechanism, e), method)), runs) for e in EPSILONS]
+            lines.append(f"| {method} | {mechanism} | " + " | ".join(cells) + f" | {mean_std(plain)} |")
+    return lines
+
+
+def verdict_table(data: dict[str, Any]) -> list[str]:
+    lines = ["| method | mechanism | ε | accuracy vs no DP | accuracy vs trivial predictor |", "|---|---|---|---|---|"]
+    for mechanism in MECHANISMS:
+        for method in methods_of(data, mechanism):
+            plain = scores(runs_of("none", method))
+            for eps in EPSILONS:
+                runs = runs_of(cell_key(mechanism, eps), method)
+                private = scores(runs)
+                lines.append(f"| {method} | {mechanism} | {eps} | {versus(private, plain)} | "
+                             f"{versus(private, scores(runs, 'trivial_test_mean'))} |")
+    return lines
+
+
+def spent_table(data: dict[str, Any]) -> list[str]:
+    """What each cell calibrated and spent: the noise multiplier, and epsilon as the accountant reports it (central:
+    over the rounds run; local: the largest and median client's, over the rounds each uploaded in)."""
+    lines = ["| mechanism | target ε | noise multiplier | ε spent (central) / max, median over clients (local) |",
+             "|---|---|---|---|"]
+    for mechanism in MECHANISMS:
+        method = methods_of(data, mechanism)[0]
+        for eps in EPSILONS:
+            runs = runs_of(cell_key(mechanism, eps), method)
+            if not runs:
+                lines.append(f"| {mechanism} | {eps} | not run | |")
+                continue
+            records = [run.privacy or {} for run in runs]
+            noise = records[0].get("noise_multiplier")
+            if mechanism == "central":
+                spent = f"{statistics.fmean(r['epsilon'] for r in records):.3g}"
+            else:
+                spent = (f"{statistics.fmean(r['epsilon_max'] for r in records):.3g}, "
+                         f"{statistics.fmean(r['epsilon_median'] for r in records):.3g}")
+            lines.append(f"| {mechanism} | {eps} | {noise:.4g} | {spent} |")
+    return lines
+
+
+def audit_section() -> list[str]:
+    path = RESULTS / "audit.json"
+    if not path.exists():
+        return ["The canary audit has not run (`benchmarks/privacy_audit.py`)."]
+    audit = json.loads(path.read_text())
+    lines = [audit["description"], "", "| mechanism | ε | attack AUC | runs with / without the canary |",
+             "|---|---|---|---|"]
+    for row in audit["rows"]:
+        lines.append(f"| {row['mechanism']} | {row['epsilon'] if row['epsilon'] is not None else 'no DP'} | "
+                     f"{row['auc']:.3f} | {row['runs_in']} / {row['runs_out']} |")
+    return lines
+
+
+def plot(data: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for axis, mechanism in zip(axes, MECHANISMS, strict=True):
+        for number, method in enumerate(methods_of(data, mechanism)):
+            color = f"C{number}"
+            means = [statistics.fmean(v) if (v := scores(runs_of(cell_key(mechanism, e), method))) else float("nan")
+                     for e in EPSILONS]
+            axis.plot(EPSILONS, means, marker="o", color=color, label=method)
+            plain = scores(runs_of("none", method))
+            if plain:
+                axis.axhline(statistics.fmean(plain), color=color, linestyle=":", linewidth=1)
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(EPSILONS, [str(e) for e in EPSILONS])
+        axis.set_xlabel("ε (δ = 1e-3)")
+        axis.set_title(f"{mechanism} DP (dotted: no DP)")
+        axis.legend()
+    axes[0].set_ylabel("test accuracy (%)")
+    figure.tight_layout()
+    out = RESULTS / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out / "privacy_utility.png", dpi=120)
+    plt.close(figure)
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for eps in EPSILONS:
+        runs = runs_of(cell_key("local", eps), "fedavg")
+        if runs and runs[0].privacy:
+            axis.hist(list(runs[0].privacy["per_client_epsilon"].values()), bins=20, alpha=0.6, label=f"target {eps}")
+    axis.set_xlabel("client's ε after its rounds (local DP, FedAvg, seed 0)")
+    axis.set_ylabel("clients")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(out / "local_epsilon.png", dpi=120)
+    plt.close(figure)
+
+
+def main() -> None:
+    data = suite()
+    if not (RESULTS / "runs").is_dir():
+        sys.exit(f"no runs under {RESULTS / 'runs'}: run the suite first (see this script's docstring)")
+    lines = [
+        "# Privacy-utility study", "",
+        f"_{data['description']}_", "",
+        f"Regenerate: `python benchmarks/privacy.py` (reads the committed `summary.json` files). Rule: {TEST_NAME}.",
+        "Target ε bounds every client: local DP is calibrated as if a client took part in all 100 rounds; a client "
+        "that took part in fewer spends less (its ε is in its run's `per_client_epsilon`). A run the noise drove "
+        "to NaN/Inf stopped there (`diverged`): it is scored at its best validation round before that, if it had "
+        "one, and its ε covers the rounds it ran.", "",
+        "## Test accuracy (%)", "", *utility_table(data), "",
+        "## Verdicts", "",
+        "Each private cell against the same method without DP, and against the clients' trivial predictors "
+        "(higher / lower: the test rejects equality at 5 %; undecided: it does not).", "",
+        *verdict_table(data), "",
+        "## What was calibrated and spent", "", *spent_table(data), "",
+        "## Canary audit", "", *audit_section(), "",
+        "![privacy-utility](plots/privacy_utility.png)", "", "![local epsilon](plots/local_epsilon.png)", "",
+    ]
+    (RESULTS / "report.md").write_text("\n".join(lines))
+    plot(data)
+    print(f"wrote {RESULTS / 'report.md'}")
+
+
+if __name__ == "__main__":
+    main()
