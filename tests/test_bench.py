@@ -54,7 +54,11 @@ def test_smoke_report_has_every_cell_table_plot_and_paper_column(smoke_run: tupl
     assert variant_config["method"] == {"name": "fedaghn", "options": {"hypergrad_sign": "released"}}
     payload = json.loads((out / "report.json").read_text())
     runs = payload["runs"]["fl60/panacea"]
-    assert [run["seed"] for run in runs] == [0, 1] and all(run["peak_rss_mb"] > 0 for run in runs)
+    assert [run["seed"] for run in runs] == [0, 1]
+    # report.json points at each run's summary instead of repeating it
+    summaries = [json.loads((out / run["summary"]).read_text()) for run in runs]
+    assert [summary["seed"] for summary in summaries] == [0, 1] and all(s["peak_rss_mb"] > 0 for s in summaries)
+    assert [run["test_mean"] for run in runs] == [summary["test_mean"] for summary in summaries]
     # the table's mean is the mean over seeds of each run's per-client mean
     row = next(r for r in payload["tables"]["fl60"] if r["method"] == "panacea")
     assert row["test"][0] == pytest.approx(sum(run["test_mean"] for run in runs) / 2)

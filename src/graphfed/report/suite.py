@@ -310,10 +310,20 @@ def write_report(suite: Suite, cells: list[Cell], results: dict[tuple[str, str],
     runs.atomic_write_text(report, "\n".join(header + sections + deviations_section(suite)))
     payload = {"suite": suite.model_dump(mode="json"), "invocations": invocations, "environment": env,
                "code": code, "verdicts": claim_verdicts(suite, tables), "tables": tables,
-               "runs": {f"{key}/{method}": [result.to_json() for result in results_of_cell]
-                        for (key, method), results_of_cell in results.items()}}
+               "runs": run_index(results)}
     runs.atomic_write_text(out / "report.json", json.dumps(payload, indent=2, default=str) + "\n")
     return report
+
+
+def run_index(results: dict[tuple[str, str], list[RunResult]]) -> dict[str, list[dict[str, Any]]]:
+    """Each cell's runs as ``report.json`` lists them: seed, status, headline score, the code that ran it and where
+    its ``summary.json`` lies (relative to the report), not the summaries again (they are committed beside it)."""
+    return {f"{key}/{method}": [{"seed": result.seed, "status": result.status, "test_mean": result.test_mean,
+                                 "code_id": (result.code or {}).get("code_id"),
+                                 "summary": None if result.seed is None  # a cell not run has no summary
+                                 else f"runs/{key}/{method}/seed{result.seed}/{runs.SUMMARY}"}
+                                for result in results_of_cell]
+            for (key, method), results_of_cell in results.items()}
 
 
 def code_line(results: dict[tuple[str, str], list[RunResult]], reference_code: str) -> str:
