@@ -260,3 +260,31 @@ def test_a_folders_target_scale_puts_the_mae_in_its_own_units(make_config: Confi
     (folder / "meta.yaml").write_text("task: regression\ntarget_scale: true\n")
     with pytest.raises(ConfigError, match=r"meta.yaml: target_scale must be a positive number"):
         build_federation(config.dataset, 0)
+
+
+def test_a_folders_meta_yaml_chooses_the_metrics_and_the_round_when_the_config_does_not(
+        make_config: ConfigFactory, tmp_path: Path) -> None:
+    """meta.yaml ``metrics`` and ``select_by`` are the data owner's choice: scored and used to pick the round when
+    the run's config names none; the config's own choice wins; a metric that does not fit is one line naming
+    meta.yaml."""
+    from graphfed.data.datasets.folder import write_federation
+    from graphfed.errors import ConfigError
+
+    folder = _binary_hospitals(tmp_path)
+    (folder / "meta.yaml").write_text("task: classification\nmetrics: [auroc, sensitivity]\nselect_by: auroc\n")
+    base = ["dataset.name=folder", f"dataset.data_dir={folder}", "dataset.num_clients=null",
+            "dataset.novel_fraction=0.0"]
+    result = Simulator(make_config("fedavg", *base), tmp_path / "run", progress=False).run()
+    assert result.select_by == "auroc" and set(result.metrics or {}) == {"auroc", "sensitivity"}
+    records = read_rounds(tmp_path / "run")
+    assert result.best_round == max(records, key=lambda r: r["val_auroc_mean"])["round"]
+    own = Simulator(make_config("fedavg", *base, "train.metrics=[macro_f1]", "train.select_by=accuracy"),
+                    progress=False).run()
+    assert own.select_by == "accuracy" and set(own.metrics or {}) == {"macro_f1"}
+    regression = write_federation(tmp_path / "air", {f"s{k}": {split: (np.ones((6, 2)), np.arange(6) / 6.0)
+                                                                for split in ("train", "val", "test")}
+                                                     for k in range(3)},
+                                  meta={"task": "regression", "metrics": ["auroc"]})
+    with pytest.raises(ConfigError, match=r"metrics in air's meta.yaml: auroc do not apply to regression"):
+        Simulator(make_config("fedavg", "dataset.name=folder", f"dataset.data_dir={regression}",
+                              "dataset.num_clients=null", "dataset.novel_fraction=0.0"), progress=False)

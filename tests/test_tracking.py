@@ -56,3 +56,22 @@ def test_a_backend_whose_package_is_missing_is_one_line_naming_the_extra(make_co
     with pytest.raises(ConfigError, match=r"tracking.backends: tensorboard needs the 'tensorboard' package: "
                                           r"pip install 'graphfed\[tensorboard\]'"):
         Simulator(make_config("fedavg", "tracking.backends=[tensorboard]"), progress=False)
+
+
+def test_wandb_offline_run_holds_the_config_scores_and_graph_images(make_config: ConfigFactory,
+                                                                   tmp_path: Path) -> None:
+    """Offline mode needs no account: the run lands in ``<run>/wandb/offline-run-*`` (``wandb sync`` uploads it).
+    wandb 0.31 ships no reader for its log, so the test reads the records' text: the config, each evaluation's
+    test mean as logged, and one heatmap image per evaluation (FedAGHN has collaboration graphs)."""
+    import json
+
+    result = Simulator(make_config("fedaghn", "tracking.backends=[wandb]"), tmp_path, progress=False).run()
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    (log,) = run_dir.glob("run-*.wandb")
+    data = log.read_bytes()
+    assert b"method.name" in data and b"fedaghn" in data
+    for record in read_rounds(tmp_path):
+        assert json.dumps(record["test_mean"]).encode() in data
+    assert json.dumps(result.final_test_mean).encode() in data
+    assert len(list((run_dir / "files" / "media" / "images").glob("collaboration_graph_*.png"))) == len(
+        read_rounds(tmp_path))

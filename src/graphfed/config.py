@@ -314,11 +314,15 @@ class DefenseConfig(_Strict):
 class TrackingConfig(_Strict):
     """Experiment trackers the round loop reports to (``graphfed.sim.tracking``)."""
 
-    backends: list[Literal["csv", "tensorboard", "mlflow"]] = Field(
+    backends: list[Literal["csv", "tensorboard", "mlflow", "wandb"]] = Field(
         default_factory=lambda: ["csv"], description="csv (metrics.csv in the run directory), tensorboard "
-        "(<run>/tensorboard), mlflow (tracking.mlflow_uri, default a SQLite store, <run>/mlflow.db)")
+        "(<run>/tensorboard), mlflow (tracking.mlflow_uri, default a SQLite store, <run>/mlflow.db), wandb "
+        "(Weights & Biases, <run>/wandb)")
     mlflow_uri: str | None = Field(default=None, description="an MLflow tracking server or store URI")
-    experiment: str = Field(default="graphfed", min_length=1, description="the MLflow experiment's name")
+    experiment: str = Field(default="graphfed", min_length=1, description="the MLflow experiment's / W&B project's "
+                            "name")
+    wandb_mode: Literal["offline", "online"] = Field(default="offline", description="W&B: offline (no account; "
+                                                     "`wandb sync <run>/wandb/...` uploads later) or online")
 
 
 class RunConfig(_Strict):

@@ -239,6 +239,10 @@ class Federation:
     # Regression targets in original units per scaled unit (e.g. mph for metr-la-week), so scaled MAE/RMSE can
     # be reported in those units; None = targets are not rescaled (or the dataset does not say).
     target_scale: float | None = None
+    #: the metrics the data's owner judges it by (a folder's meta.yaml ``metrics``), used when ``train.metrics`` is
+    #: empty, and the one that picks the reported round (``select_by``) when ``train.select_by`` is unset
+    default_metrics: tuple[str, ...] = ()
+    default_select_by: str | None = None
     #: a backdoor attack's evaluation split (``graphfed.attacks``): every client's triggered non-target test rows,
     #: labelled with the target, so accuracy on it is the attack success rate; None without a backdoor
     backdoor_test: ClientSplit | None = None

@@ -151,7 +151,10 @@ class Simulator:
         # `executor` builds where clients run (e.g. Flower nodes); default: in this process, vectorised.
         self.executor = executor(self.setup) if executor else self.setup.client_executor(config.seed)
         self.metrics = self._check_metrics()
-        select_by = config.train.select_by or fed.metric
+        select_by = self.select_by = config.train.select_by or fed.default_select_by or fed.metric
+        if select_by not in (fed.metric, *self.metrics):
+            raise ConfigError(f"select_by: {select_by!r} (the folder's meta.yaml) is not scored; use {fed.metric} or "
+                              f"one of its metrics: {', '.join(self.metrics) or 'none given'}")
         self.tracker = Tracker(higher_is_better=HIGHER_IS_BETTER[select_by],
                                key="val_mean" if select_by == fed.metric else f"val_{select_by}_mean")
         self.num_train_clients = len(fed.train_client_ids)
@@ -386,19 +389,22 @@ class Simulator:
         return record
 
     def _check_metrics(self) -> tuple[str, ...]:
-        """``train.metrics``, checked against the task and the clients' models (ConfigError, one line)."""
-        wanted, fed = tuple(self.config.train.metrics), self.setup.federation
+        """``train.metrics`` (else the folder meta.yaml's ``metrics``), checked against the task and the clients'
+        models (ConfigError, one line)."""
+        fed = self.setup.federation
+        wanted = tuple(self.config.train.metrics) or fed.default_metrics
+        source = "train.metrics" if self.config.train.metrics else f"metrics in {fed.name}'s meta.yaml"
         allowed = CLASSIFICATION_METRICS if fed.task == "classification" else REGRESSION_METRICS
         wrong = [metric for metric in wanted if metric not in allowed]
         if wrong:
-            raise ConfigError(f"train.metrics: {', '.join(wrong)} do not apply to {fed.task} ({fed.name}); "
+            raise ConfigError(f"{source}: {', '.join(wrong)} do not apply to {fed.task} ({fed.name}); "
                               f"allowed: {', '.join(allowed)}")
         binary = [metric for metric in wanted if metric in BINARY_ONLY]
         if binary and fed.output_dim != 2:
-            raise ConfigError(f"train.metrics: {', '.join(binary)} need a binary task; {fed.name} has "
+            raise ConfigError(f"{source}: {', '.join(binary)} need a binary task; {fed.name} has "
                               f"{fed.output_dim} classes (use auroc, auprc, macro_f1 or balanced_accuracy)")
         if wanted and (not isinstance(self.executor, ClientRuntime) or not self.executor.exports_plain_models):
-            raise ConfigError(f"train.metrics: {self.setup.method.name} clients evaluate a network or forward of "
+            raise ConfigError(f"{source}: {self.setup.method.name} clients evaluate a network or forward of "
                               f"their own (or run elsewhere); only accuracy / MSE are scored for it")
         return wanted
 
@@ -690,7 +696,7 @@ class Simulator:
                   for metric in self.metrics}
         return {"per_client": per_client, "trivial_test_mean": _mean_std(trivial)[0], "stopped_early": early,
                 "models_note": self.models_note, "metrics": chosen or None,
-                "select_by": self.config.train.select_by or fed.metric}
+                "select_by": self.select_by}
 
     def _privacy_record(self, rounds_run: int) -> dict[str, Any]:
         """What the run spent, from the accounting library: central, epsilon over the rounds run; local, each

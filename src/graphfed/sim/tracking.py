@@ -8,7 +8,10 @@ Backends (``tracking.backends``):
 * ``tensorboard``: event files in ``<run>/tensorboard`` (scalars, per-client score histograms, graph heatmaps as
   images, the config as text); the ``tensorboard`` extra;
 * ``mlflow``: a run in ``tracking.mlflow_uri`` (default: a local SQLite store, ``<run>/mlflow.db``) with the config
-  as parameters, the scores as metrics by round, the heatmaps as images; the ``mlflow`` extra (mlflow-skinny).
+  as parameters, the scores as metrics by round, the heatmaps as images; the ``mlflow`` extra (mlflow-skinny);
+* ``wandb``: a Weights & Biases run in ``<run>/wandb`` (``tracking.wandb_mode``: ``offline`` by default, which
+  needs no account; ``wandb sync`` uploads it later; ``online`` logs to the project ``tracking.experiment``) with
+  the config, the scalars by round, per-client score histograms and the heatmaps as images; the ``wandb`` extra.
 
 Asking for a backend whose package is missing is a one-line ConfigError naming the extra, before round 1.
 """
@@ -28,7 +31,8 @@ from graphfed.config import ConfigError, RunConfig
 from graphfed.runs import RunResult, atomic_write_text
 
 #: backend -> (module it needs, the pip extra that installs it)
-REQUIREMENTS = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow")}
+REQUIREMENTS = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow"),
+                "wandb": ("wandb", "wandb")}
 #: the record's scalars every backend logs (when present), in this order
 SCALARS = ("val_mean", "test_mean", "test_std", "test_pooled", "novel_mean", "honest_test_mean", "asr_mean",
            "train_loss", "bytes_up", "bytes_down", "wall_seconds")
@@ -147,6 +151,33 @@ class MlflowTracker:
         self.mlflow.end_run(status="FINISHED" if result.completed else "FAILED")
 
 
+class WandbTracker:
+    def __init__(self, out_dir: Path, project: str, mode: str) -> None:
+        import wandb
+
+        self.wandb, self.out_dir, self.project, self.mode = wandb, out_dir, project, mode
+
+    def start(self, config: RunConfig, history: list[dict[str, Any]]) -> None:
+        folder = self.out_dir / "wandb"
+        folder.mkdir(parents=True, exist_ok=True)
+        self.run = self.wandb.init(project=self.project, dir=str(self.out_dir), mode=self.mode,
+                                   name=f"{config.method.name}-seed{config.seed}", config=flat_params(config),
+                                   settings=self.wandb.Settings(silent=True, console="off"))
+
+    def evaluation(self, record: dict[str, Any], graphs: torch.Tensor | None) -> None:
+        logged: dict[str, Any] = dict(scalars(record))
+        for split in ("val", "test"):
+            values = [scores[split] for scores in record.get("per_client", {}).values() if scores[split] is not None]
+            if values:
+                logged[f"per_client/{split}"] = self.wandb.Histogram(np.asarray(values))
+        if graphs is not None:
+            logged["collaboration_graph"] = self.wandb.Image(heatmap_image(graphs))
+        self.run.log(logged, step=int(record["round"]))
+
+    def end(self, result: RunResult) -> None:
+        self.run.finish(exit_code=0 if result.completed else 1)
+
+
 def build_trackers(config: RunConfig, out_dir: Path | None) -> list[RunTracker]:
     """The trackers ``tracking`` asks for (none without a run directory); ConfigError naming the extra of a backend
     whose package is not installed."""
@@ -159,5 +190,6 @@ def build_trackers(config: RunConfig, out_dir: Path | None) -> list[RunTracker]:
     if out_dir is None:
         return []
     builders = {"csv": lambda: CsvTracker(out_dir), "tensorboard": lambda: TensorBoardTracker(out_dir),
-                "mlflow": lambda: MlflowTracker(out_dir, tracking.mlflow_uri, tracking.experiment)}
+                "mlflow": lambda: MlflowTracker(out_dir, tracking.mlflow_uri, tracking.experiment),
+                "wandb": lambda: WandbTracker(out_dir, tracking.experiment, tracking.wandb_mode)}
     return [builders[backend]() for backend in tracking.backends]

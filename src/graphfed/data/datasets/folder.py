@@ -43,7 +43,7 @@ META_FILE = "meta.yaml"
 GRAPH_FILE = "graph.csv"
 CLIENTS_DIR = "clients"
 META_KEYS: tuple[str, ...] = ("task", "metric", "name", "description", "features", "target", "target_scale",
-                               "target_units")
+                               "target_units", "metrics", "select_by")
 TASK_METRIC: dict[str, Metric] = {"classification": "accuracy", "regression": "mse"}
 METRIC_TASK: dict[str, Task] = {"accuracy": "classification", "mse": "regression"}
 DEFAULT_TARGET = "y"  # the CSV target column when meta.yaml names none
@@ -68,6 +68,10 @@ class FolderMeta:
     #: regression: one unit of the stored target in the data's own units (MAE is reported in them too)
     target_scale: float | None = None
     target_units: str | None = None  # the name of those units (e.g. "µg/m³"), for the description
+    #: the metrics this federation is judged by besides accuracy / MSE (``train.metrics`` when the config names
+    #: none), and the one that picks the reported round (``train.select_by``); checked against the task by the engine
+    metrics: tuple[str, ...] = ()
+    select_by: str | None = None
 
 
 @dataclass
@@ -177,11 +181,18 @@ def read_meta(root: Path) -> FolderMeta:
         raise _error(path, f"target_units must be text, e.g. mph, got {units!r}")
     if (scale is not None or units is not None) and (task == "classification" or metric == "accuracy"):
         raise _error(path, "target_scale / target_units apply to regression targets only")
+    metrics = data.get("metrics") or []
+    if not (isinstance(metrics, list) and all(isinstance(m, str) and m.strip() for m in metrics)):
+        raise _error(path, f"metrics must be a list of metric names (e.g. [auroc, macro_f1]), got {metrics!r}")
+    select_by = data.get("select_by")
+    if select_by is not None and not (isinstance(select_by, str) and select_by.strip()):
+        raise _error(path, f"select_by must be a metric name, got {select_by!r}")
     # A metric alone settles the task: metric mse means the targets are regression targets.
     resolved_task: Task | None = task if task is not None else (METRIC_TASK[metric] if metric is not None else None)
     return FolderMeta(task=resolved_task, metric=metric, name=data.get("name"), description=data.get("description"),
                       features=tuple(features) if features is not None else None, target=target,
-                      target_scale=None if scale is None else float(scale), target_units=units)
+                      target_scale=None if scale is None else float(scale), target_units=units,
+                      metrics=tuple(metrics), select_by=select_by)
 
 
 # ---- clients/ and the split files ---------------------------------------------------------------------------
@@ -499,7 +510,8 @@ def folder_to_federation(folder: FolderFederation, novel_fraction: float = 0.0,
                       novel_mask=novel, client_names=list(folder.client_ids), metric=folder.metric,
                       description=description + (f"; targets in {folder.meta.target_units}"
                                                  if folder.meta.target_units else ""),
-                      target_scale=folder.meta.target_scale if folder.task == "regression" else None)
+                      target_scale=folder.meta.target_scale if folder.task == "regression" else None,
+                      default_metrics=folder.meta.metrics, default_select_by=folder.meta.select_by)
 
 
 def load_federation(root: str | Path, novel_fraction: float = 0.0,
