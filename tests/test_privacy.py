@@ -256,3 +256,59 @@ def test_the_plain_serverapp_refuses_a_secure_aggregation_config() -> None:
                       run_config={protocol.RUN_CONFIG_KEY: dump_config(config)})
     with pytest.raises(ConfigError, match=r"run the SecAgg\+ app"):
         plain_main(grid_for(config), context)
+
+
+# ---- adaptive clipping ---------------------------------------------------------------------------------------------
+def test_adaptive_clipping_spends_part_of_the_noise_on_the_count_and_accounts_the_total(
+        make_config: ConfigFactory) -> None:
+    """Andrew et al.'s Theorem 1: the sum's noise z_sum and the count's std s compose to z = (z_sum^-2 +
+    (2 s)^-2)^(-1/2), the multiplier the accountant is given; epsilon is the library's for z."""
+    config = private(make_config, "central", "privacy.target_epsilon=4.0", "privacy.adaptive_quantile=0.5",
+                     "train.rounds=8", "train.eval_every=8")
+    result = Simulator(config, progress=False).run()
+    record = result.privacy or {}
+    total, own, count = record["noise_multiplier"], record["sum_noise_multiplier"], record["quantile_noise"]
+    # expected clients / 20 = 0.2 would spend most of the budget on 4 clients: the default keeps it to a tenth
+    assert count == pytest.approx(max(config.train.clients_per_round / 20, 10 ** 0.5 * total / 2))
+    assert (2 * count) ** -2 == pytest.approx(total ** -2 / 10)
+    assert (own ** -2 + (2 * count) ** -2) ** -0.5 == pytest.approx(total, rel=1e-12) and own > total
+    rate = config.train.clients_per_round / (result.training_clients or 0)
+    assert record["epsilon"] == library_epsilon(total, 8, rate, record["delta"])
+    assert record["final_clip_norm"] != record["clip_norm"]
+
+
+def test_the_adaptive_clip_settles_at_the_target_quantile_of_the_update_norms(make_config: ConfigFactory) -> None:
+    """Without noise, every client every round: over the last rounds about half the updates fall within the clip
+    (target quantile 0.5), from a first clip 100 times too large."""
+    from graphfed.sim import engine
+
+    shares: list[float] = []
+    real = engine.next_clip
+
+    def recording(delta, clip_norm, plan, expected, seed, round_index):  # type: ignore[no-untyped-def]
+        shares.append(float((torch.linalg.vector_norm(delta, dim=1) <= clip_norm).double().mean()))
+        return real(delta, clip_norm, plan, expected, seed, round_index)
+
+    config = private(make_config, "central", "privacy.noise_multiplier=0", "privacy.clip_norm=100",
+                     "privacy.adaptive_quantile=0.5", "privacy.clip_learning_rate=0.5", "train.rounds=80",
+                     "train.eval_every=80", "train.clients_per_round=100", "dataset.novel_fraction=0")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine, "next_clip", recording)
+        result = Simulator(config, progress=False).run()
+    assert shares[0] == 1.0  # the first clip bounds nobody
+    assert 0.3 <= sum(shares[-20:]) / 20 <= 0.7
+    assert (result.privacy or {})["final_clip_norm"] < 10
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["privacy.mechanism=local", "privacy.noise_multiplier=1", "privacy.adaptive_quantile=0.5"],
+     "privacy.adaptive_quantile: adaptive clipping needs mechanism central"),
+    (["privacy.mechanism=central", "privacy.noise_multiplier=1", "privacy.adaptive_quantile=0.5",
+      "privacy.quantile_noise=0.4"], "privacy.quantile_noise: 0.4 leaves no budget for the sum"),
+])
+def test_adaptive_clipping_errors_are_one_line(overrides: list[str], message: str, tmp_path: Path) -> None:
+    args = [a for o in [*tiny_overrides("fedavg"), *overrides] for a in ("--set", o)]
+    result = CliRunner().invoke(cli.app, ["run", "demo", *args, "--out", str(tmp_path / "out"), "--no-progress"])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], lines

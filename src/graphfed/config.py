@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.resources
+import math
 import re
 import unicodedata
 from collections.abc import Callable
@@ -254,12 +255,26 @@ class PrivacyConfig(_Strict):
     delta: float | None = Field(default=None, gt=0, lt=1, description="default: 0.1 / number of training clients")
     accountant: Literal["pld", "rdp"] = Field(default="pld", description="dp-accounting's privacy loss "
                                               "distributions (tight) or Renyi DP (an upper bound)")
+    adaptive_quantile: float | None = Field(default=None, gt=0, lt=1, description="central: adapt the clip each "
+                                            "round towards this quantile of the update norms (Andrew et al., 2021), "
+                                            "clip_norm being the first round's clip; the noised count it needs is "
+                                            "accounted for")
+    clip_learning_rate: float = Field(default=0.2, gt=0, description="adaptive clipping: the geometric step, "
+                                      "clip <- clip * exp(-rate * (share under the clip - quantile))")
+    quantile_noise: float | None = Field(default=None, gt=0, description="adaptive clipping: std of the noise on "
+                                         "the count of clients under the clip (default: expected clients / 20, at "
+                                         "least what keeps the count to a tenth of the noise budget)")
 
     @model_validator(mode="after")
     def _one_noise_source(self) -> PrivacyConfig:
         if self.mechanism != "none" and (self.noise_multiplier is None) == (self.target_epsilon is None):
             raise ValueError(f"privacy.mechanism={self.mechanism}: give exactly one of privacy.noise_multiplier and "
                              f"privacy.target_epsilon")
+        if self.adaptive_quantile is not None and self.mechanism != "central":
+            raise ValueError("privacy.adaptive_quantile: adaptive clipping needs mechanism central (the server "
+                             "counts the clients under the clip)")
+        if self.adaptive_quantile is not None and math.isinf(self.clip_norm):
+            raise ValueError("privacy.adaptive_quantile: give a finite clip_norm to start from")
         return self
 
 

@@ -10,7 +10,13 @@ The unit protected is a whole client: a neighbouring federation adds or removes 
   and divides by the expected cohort size (DP-FedAvg, McMahan et al., ICLR 2018, "Learning differentially private
   recurrent language models"). Clients are sampled Poisson (each with probability q = clients_per_round / training
   clients, independently, every round) so that the accounting's subsampling amplification is the sampling the
-  engine does; epsilon composes ``rounds`` Poisson-subsampled Gaussian mechanisms.
+  engine does; epsilon composes ``rounds`` Poisson-subsampled Gaussian mechanisms. With ``adaptive_quantile``
+  the clip follows a quantile of the update norms (Andrew et al., NeurIPS 2021, "Differentially private learning
+  with adaptive clipping"): each round the server also releases the noised count of clients whose update was
+  within the clip (each client's bit shifted to +-1/2, noise std ``quantile_noise``) and moves the clip
+  geometrically towards the quantile. Both releases are Gaussian queries of the same clients, so together they
+  are one Gaussian mechanism of noise multiplier ``(z_sum^-2 + (2 quantile_noise)^-2)^(-1/2)`` (their Theorem 1):
+  the accounted ``noise_multiplier`` is that total, and the sum's own noise ``z_sum`` is set to meet it.
 
 The accounting is Google's ``dp-accounting`` library (``pld``: privacy loss distributions, tight; ``rdp``: Renyi
 DP, an upper bound): nothing here computes an epsilon itself. ``target_epsilon`` is turned into a noise multiplier
@@ -27,7 +33,7 @@ from typing import Any
 
 import torch
 
-from graphfed.config import PrivacyConfig
+from graphfed.config import ConfigError, PrivacyConfig
 from graphfed.core import rng
 
 #: the calibration's tolerance on the noise multiplier (its epsilon then lies well within 1 % of the target)
@@ -46,6 +52,22 @@ class PrivacyPlan:
     accountant: str
     rounds: int
     sampling_rate: float | None  #: central: each training client's probability of joining a round
+    #: adaptive clipping (central): the target quantile, the clip's geometric step, the count's noise std (clients)
+    adaptive_quantile: float | None = None
+    clip_learning_rate: float = 0.2
+    quantile_noise: float | None = None
+
+    @property
+    def sum_noise_multiplier(self) -> float:
+        """The noise multiplier of the sum itself: the accounted one, less what the count of clients under an
+        adaptive clip spends (Andrew et al., Theorem 1)."""
+        if self.quantile_noise is None or self.noise_multiplier == 0:
+            return self.noise_multiplier
+        rest = self.noise_multiplier ** -2 - (2 * self.quantile_noise) ** -2
+        if rest <= 0:
+            raise ConfigError(f"privacy.quantile_noise: {self.quantile_noise:g} leaves no budget for the sum at noise "
+                              f"multiplier {self.noise_multiplier:.4g}; raise it (or the noise)")
+        return float(rest ** -0.5)
 
     @property
     def active(self) -> bool:
@@ -60,7 +82,10 @@ class PrivacyPlan:
         return {"mechanism": self.mechanism, "clip_norm": self.clip_norm, "noise_multiplier": self.noise_multiplier,
                 "delta": self.delta, "accountant": self.accountant,
                 "sampling": (f"poisson, q = {self.sampling_rate:.6g} per client and round" if self.sampling_rate
-                             else "none: every upload is noised where it is made")}
+                             else "none: every upload is noised where it is made"),
+                **({"adaptive_quantile": self.adaptive_quantile, "clip_learning_rate": self.clip_learning_rate,
+                    "quantile_noise": self.quantile_noise, "sum_noise_multiplier": self.sum_noise_multiplier}
+                   if self.adaptive_quantile is not None else {})}
 
 
 def plan_privacy(config: PrivacyConfig, num_train_clients: int, clients_per_round: int, rounds: int) -> PrivacyPlan:
@@ -72,8 +97,17 @@ def plan_privacy(config: PrivacyConfig, num_train_clients: int, clients_per_roun
     if config.mechanism != "none" and noise is None:
         assert config.target_epsilon is not None  # the config's validator asks for one of the two
         noise = calibrate_noise(config.accountant, config.target_epsilon, rounds, rate, delta)
-    return PrivacyPlan(config.mechanism, config.clip_norm, float(noise or 0.0), delta, config.accountant, rounds,
-                       rate)
+    adaptive = config.adaptive_quantile
+    quantile_noise = None
+    if adaptive is not None:
+        # Andrew et al. take expected clients / 20; a small cohort would then spend most of the budget on the
+        # count, so the default also lets the count spend at most a tenth of it ((2 s)^-2 <= z^-2 / 10)
+        quantile_noise = config.quantile_noise or max(min(clients_per_round, num_train_clients) / 20,
+                                                      math.sqrt(10) * float(noise or 0.0) / 2)
+    plan = PrivacyPlan(config.mechanism, config.clip_norm, float(noise or 0.0), delta, config.accountant, rounds,
+                       rate, adaptive, config.clip_learning_rate, quantile_noise)
+    plan.sum_noise_multiplier  # noqa: B018 - a count noise that leaves the sum no budget is an error now
+    return plan
 
 
 # ---- the mechanisms --------------------------------------------------------------------------------------------
@@ -105,15 +139,29 @@ def privatize_uploads(delta: torch.Tensor, plan: PrivacyPlan, seed: int, round_i
 
 
 def noised_mean(delta: torch.Tensor, plan: PrivacyPlan, expected_clients: float, seed: int,
-                round_index: int) -> torch.Tensor:
-    """``central``: ``(sum of the clipped updates + N(0, (noise_multiplier * clip_norm)^2 I)) / expected_clients``
-    (``[dim]``). Dividing by the expected cohort, not the actual one, keeps the cohort's size private too."""
-    total = clip_rows(delta, plan.clip_norm).sum(0)
+                round_index: int, clip_norm: float | None = None) -> torch.Tensor:
+    """``central``: ``(sum of the clipped updates + N(0, (z_sum * clip)^2 I)) / expected_clients`` (``[dim]``;
+    ``clip_norm``: this round's adaptive clip, default the plan's). Dividing by the expected cohort, not the actual
+    one, keeps the cohort's size private too."""
+    clip = plan.clip_norm if clip_norm is None else clip_norm
+    total = clip_rows(delta, clip).sum(0)
     if plan.noise_multiplier > 0:
-        std = plan.noise_multiplier * plan.clip_norm
+        std = plan.sum_noise_multiplier * clip
         total = total + gaussian_noise((delta.shape[1],), std, rng.stream_seed(seed, round_index, "privacy"),
                                        delta.device).to(delta.dtype)
     return total / expected_clients
+
+
+def next_clip(delta: torch.Tensor, clip_norm: float, plan: PrivacyPlan, expected_clients: float, seed: int,
+              round_index: int) -> float:
+    """Adaptive clipping: the noised share of this round's clients whose update was within ``clip_norm`` moves the
+    clip geometrically towards the target quantile (each client's bit is shifted to +-1/2: sensitivity 1/2)."""
+    assert plan.adaptive_quantile is not None and plan.quantile_noise is not None
+    within = (torch.linalg.vector_norm(delta, dim=1) <= clip_norm).to(torch.float64) - 0.5
+    noise = gaussian_noise((1,), plan.quantile_noise, rng.stream_seed(seed, round_index, "clip_quantile"),
+                           torch.device("cpu")).double() if plan.noise_multiplier > 0 else torch.zeros(1)
+    share = float((within.sum().cpu() + noise[0]) / expected_clients) + 0.5
+    return clip_norm * math.exp(-plan.clip_learning_rate * (share - plan.adaptive_quantile))
 
 
 # ---- accounting (dp-accounting) --------------------------------------------------------------------------------

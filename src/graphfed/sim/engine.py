@@ -35,7 +35,7 @@ from graphfed.client.metrics import (
     client_metrics,
 )
 from graphfed.client.placement import deterministic_algorithms
-from graphfed.client.privacy import noised_mean
+from graphfed.client.privacy import next_clip, noised_mean
 from graphfed.config import ConfigError, RunConfig, dump_config, read_yaml, same_run, validate_config
 from graphfed.core import rng
 from graphfed.data.federation import Federation
@@ -76,6 +76,7 @@ class Tracker:
     since_improvement: int = 0
     lost_uploads: int = 0  #: client updates lost to ``train.dropout`` (and late ones a method cannot use)
     late_uploads: int = 0  #: straggler updates that reached the method rounds late (``train.stragglers``)
+    clip_norm: float | None = None  #: adaptive clipping (central DP): the clip the next round uses
     #: how many rounds each client trained and uploaded in (its local-DP epsilon composes that many mechanisms)
     uploads_per_client: list[int] = field(default_factory=list)
 
@@ -279,7 +280,11 @@ class Simulator:
     def _central_release(self, result: TrainResult, round_index: int) -> TrainResult:
         """``central``: the method sees only the noised mean of the clipped updates (every row the same, weight
         1), so its mean update is DP-FedAvg's release; no individual update reaches it."""
-        released = noised_mean(result.delta, self.privacy, self.clients_per_round, self.config.seed, round_index)
+        clip = self.tracker.clip_norm if self.tracker.clip_norm is not None else self.privacy.clip_norm
+        released = noised_mean(result.delta, self.privacy, self.clients_per_round, self.config.seed, round_index, clip)
+        if self.privacy.adaptive_quantile is not None:  # the clip the next round uses (a released, noised count)
+            self.tracker.clip_norm = next_clip(result.delta, clip, self.privacy, self.clients_per_round,
+                                               self.config.seed, round_index)
         rows = len(result.client_ids)
         metrics = {**result.metrics, "num_examples": torch.ones_like(result.metrics["num_examples"])}
         return TrainResult(result.rows, result.client_ids, released.unsqueeze(0).expand(rows, -1).clone(), metrics)
@@ -704,6 +709,8 @@ class Simulator:
         record = self.privacy.record()
         if self.privacy.mechanism == "central":
             record["epsilon"] = self.privacy.epsilon_of_rounds(rounds_run)
+            if self.tracker.clip_norm is not None:
+                record["final_clip_norm"] = self.tracker.clip_norm
             return record
         fed = self.setup.federation
         uploads = self.tracker.uploads_per_client or [0] * fed.num_clients
