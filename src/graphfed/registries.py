@@ -11,7 +11,7 @@ from graphfed.config import RunConfig
 from graphfed.data import DATASETS
 from graphfed.errors import ConfigError
 from graphfed.methods import MIXED_ARCHITECTURE_METHODS
-from graphfed.models import MODELS, check_model_options
+from graphfed.models import MODELS, check_model_options, load_model_plugins
 from graphfed.models.family import check_architectures
 from graphfed.setup import resolve_method
 
@@ -21,6 +21,8 @@ def check_names(config: RunConfig) -> None:
     if config.dataset.name not in DATASETS:
         allowed = ", ".join(sorted(DATASETS))
         raise ConfigError(f"dataset.name: unknown dataset '{config.dataset.name}'; allowed: {allowed}")
+    if config.model.name not in MODELS:
+        load_model_plugins()
     if config.model.name not in MODELS:
         raise ConfigError(f"model.name: unknown model '{config.model.name}'; allowed: {', '.join(sorted(MODELS))}")
     check_model_options(config.model.name, config.model.options)

@@ -31,7 +31,8 @@ class FedRepRule(ClientRule):
     def __init__(self, setting: ClientSetting, head_steps: int) -> None:
         super().__init__(setting)
         if not setting.head:
-            raise ValueError("FedRep needs a model that declares its head (TargetModel.head_module)")
+            raise ValueError("FedRep needs a model that declares its head (TargetModel.head_module, or "
+                             "register_model(..., head='<output layer>'))")
         self.head_steps = head_steps
 
     @property

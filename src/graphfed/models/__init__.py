@@ -1,10 +1,20 @@
-"""Target-model registry: ``build_model(name, federation, **options)``."""
+"""Target-model registry: ``build_model(name, federation, **options)``.
+
+Built-in models and users' own share one registry: :func:`register_model` adds a factory from Python, and an
+installed package adds its models through the ``graphfed.models`` entry-point group (read the first time a model
+name is looked up). See README, "Your own model".
+"""
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import inspect
 from collections.abc import Callable
 from typing import Any
+
+import torch
+from torch import nn
 
 from graphfed.config import ConfigError
 from graphfed.data.federation import Federation
@@ -74,6 +84,99 @@ MODELS: dict[str, tuple[Callable[..., TargetModel], str]] = {
 }
 
 
+ENTRY_POINT_GROUP = "graphfed.models"
+#: the models registered by users (register_model or entry points): checked to run many clients at once
+PLUGIN_MODELS: set[str] = set()
+
+
+class ModuleModel(TargetModel):
+    """A user's plain ``nn.Module`` as a target model: its forward is the model's; ``head`` names its output layer
+    (a submodule, e.g. ``"fc"``) for methods that personalise the head (FedRep, FedRoD, ...), and a ``features(x)``
+    method, where the module has one, is what those methods' heads read."""
+
+    def __init__(self, module: nn.Module, head: str | None) -> None:
+        super().__init__()
+        self.net = module
+        if head is not None:
+            try:
+                module.get_submodule(head)
+            except AttributeError:
+                raise ConfigError(f"register_model: head {head!r} is not a submodule of "
+                                  f"{type(module).__name__}") from None
+        self.head_module = f"net.{head}" if head is not None else ""
+
+    @property
+    def head_names(self) -> tuple[str, ...]:
+        """None without ``head``: methods that personalise the head then refuse the model by name."""
+        return super().head_names if self.head_module else ()
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        if not hasattr(self.net, "features"):
+            raise ConfigError(f"model {type(self.net).__name__} has no features(x) method: define one (what its head "
+                              f"reads) for methods that need a representation")
+        return self.net.features(x)
+
+    def forward(self, x: torch.Tensor, features_only: bool = False) -> torch.Tensor:
+        return self.features(x) if features_only else self.net(x)
+
+
+def register_model(name: str, factory: Callable[..., nn.Module], description: str = "", *,
+                   head: str | None = None, replace: bool = False) -> None:
+    """Make ``model.name: <name>`` build ``factory(federation, **model.options)``.
+
+    The factory reads what it needs from the federation (``input_shape``, ``output_dim``, ``task``) and returns a
+    :class:`TargetModel` or any ``nn.Module`` (wrapped as :class:`ModuleModel`; ``head`` names its output layer).
+    Its keyword parameters are the model's options. A name already registered is refused unless ``replace=True``.
+    The first time it is built, the model is run for two clients at once under ``torch.func.vmap``; one that cannot
+    be is a one-line ConfigError saying what to change."""
+    if not name or not isinstance(name, str):
+        raise ValueError("a model needs a non-empty name")
+    if name in MODELS and not replace:
+        raise ValueError(f"model {name!r} is already registered; pass replace=True to replace it")
+
+    def build(fed: Federation, **options: Any) -> TargetModel:
+        module = factory(fed, **options)
+        if isinstance(module, TargetModel):
+            return module
+        if not isinstance(module, nn.Module):
+            raise ConfigError(f"model {name!r}: its factory returned {type(module).__name__}, not an nn.Module")
+        return ModuleModel(module, head)
+
+    build.__signature__ = inspect.signature(factory)  # type: ignore[attr-defined]  # options = its keywords
+    MODELS[name] = (build, description or f"{name} (registered by {getattr(factory, '__module__', 'a plugin')})")
+    PLUGIN_MODELS.add(name)
+
+
+@functools.cache
+def load_model_plugins() -> tuple[str, ...]:
+    """Register the models installed packages declare in the ``graphfed.models`` entry-point group (once): the
+    entry point's name is the model's name, its object the factory (``head`` read from its ``head`` attribute)."""
+    loaded = []
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if entry.name in MODELS:
+            continue  # a built-in or an explicit register_model wins
+        factory = entry.load()
+        register_model(entry.name, factory, getattr(factory, "description", ""), head=getattr(factory, "head", None))
+        loaded.append(entry.name)
+    return tuple(loaded)
+
+
+def check_vectorisable(name: str, model: TargetModel, federation: Federation) -> None:
+    """Run two clients' weights at once on one row each (what every method does every round): a model that cannot
+    is a one-line ConfigError naming the model and the fix."""
+    params = {key: torch.stack([value.detach(), value.detach()]) for key, value in model.named_parameters()}
+    x = torch.zeros(2, 1, *federation.input_shape, device=next(model.parameters()).device)
+    try:
+        with torch.no_grad():
+            model.batched_forward(params, x)
+    except Exception as err:  # anything vmap refuses: in-place updates, .item(), data-dependent branches...
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+        raise ConfigError(f"model {name!r} cannot run many clients at once under torch.func.vmap ({type(err).__name__}:"
+                          f" {reason}); make its forward a pure function of its input and parameters (no in-place "
+                          f"updates of parameters or buffers, no .item() or Python branches on tensor values), or "
+                          f"subclass graphfed.models.TargetModel and override batched_forward") from None
+
+
 def check_model_options(name: str, options: dict[str, Any]) -> None:
     """Every option is one the model's builder takes, and every size is an integer >= 1 (checked when the
     config is read, before any data is built)."""
@@ -91,15 +194,21 @@ def check_model_options(name: str, options: dict[str, Any]) -> None:
 
 def build_model(name: str, federation: Federation, options: dict[str, Any] | None = None) -> TargetModel:
     if name not in MODELS:
+        load_model_plugins()
+    if name not in MODELS:
         raise ConfigError(f"model.name: unknown model '{name}'; allowed: {', '.join(sorted(MODELS))}")
     builder, _ = MODELS[name]
     check_model_options(name, options or {})
     try:
-        return builder(federation, **(options or {}))
+        model = builder(federation, **(options or {}))
     except ConfigError:
         raise
     except (TypeError, ValueError) as err:
         raise ConfigError(f"model.options: {err}") from None
+    if name in PLUGIN_MODELS:
+        check_vectorisable(name, model, federation)
+    return model
 
 
-__all__ = ["MODELS", "TargetModel", "build_model", "check_model_options"]
+__all__ = ["MODELS", "ModuleModel", "TargetModel", "build_model", "check_model_options", "load_model_plugins",
+           "register_model"]
