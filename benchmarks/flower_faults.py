@@ -10,10 +10,14 @@ evaluation every round, and injects its fault once round ``--fault-after`` has b
 * ``node_killed``: SIGKILL one SuperNode (and its ClientApp) for good;
 * ``node_restarted``: SIGKILL one SuperNode, start it again a few seconds later with the same partition id and
   state folder (Flower gives it a new node id);
+* ``node_paused``: a straggler: SIGSTOP one SuperNode for a minute, then SIGCONT (it keeps its node id);
+* ``min_replies_stop``: ``flower.min_replies`` = every node; SIGKILL one SuperNode: the round short of a reply stops
+  the run; restart the node and ``flwr run`` again: it resumes;
 * ``serverapp_killed``: SIGKILL the ServerApp process; ``flwr run`` the same app again (``flower.resume: auto``);
 * ``superlink_restarted``: SIGKILL the SuperLink (started with ``--database``) and start it again on the same
   ports and database file; the SuperNodes reconnect, but in Flower 1.41 the ServerApp ends with its SuperLink, so
   ``flwr run`` is started again and resumes from the checkpoint;
+* ``sim_stragglers``: the simulator's model of slow clients (``train.stragglers: 0.25``, one round late);
 * ``nodes_20``: no fault, 20 SuperNodes, for the per-round cost of a larger federation on this machine, beside
   the same config on graphfed's simulator and on the in-process grid (Flower's messages, no processes).
 
@@ -48,7 +52,9 @@ from graphfed.flower.app_folder import write_app_folder  # noqa: E402
 from test_flower_processes import VENV_BIN, Deployment, Processes, free_ports, marked_processes  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "faults.json"
-SCENARIOS = ("none", "node_killed", "node_restarted", "serverapp_killed", "superlink_restarted", "nodes_20")
+SCENARIOS = ("none", "node_killed", "node_restarted", "node_paused", "min_replies_stop", "serverapp_killed",
+             "superlink_restarted", "sim_stragglers", "nodes_20")
+PAUSE_SECONDS = 60.0  # node_paused: how long the SuperNode is stopped (SIGSTOP), longer than Flower's heartbeat wait
 VICTIM = 1  # the partition whose node is killed
 RUN_TIMEOUT = 900.0
 CONFIG = """\
@@ -58,7 +64,7 @@ dataset: {{name: fln, num_clients: {clients}, novel_fraction: 0}}
 model: {{name: mlp, options: {{hidden: 8}}}}
 method: {{name: ditto}}
 train: {{rounds: {rounds}, eval_every: 1, clients_per_round: {clients}, local_steps: 5, batch_size: 16}}
-flower: {{round_timeout: 120, query_timeout: 120, node_wait_timeout: 300}}
+flower: {{round_timeout: 120, query_timeout: 120, node_wait_timeout: 300{flower_extra}}}
 """
 #: what two runs of the same config must agree on when no update was lost
 NUMBERS = ("test_mean", "test_std", "val_mean", "best_round", "final_test_mean", "per_client")
@@ -95,9 +101,12 @@ def serverapp_pids(dep: Deployment) -> list[int]:
 
 
 def scenario(name: str, workdir: Path, nodes: int, rounds: int, fault_after: int) -> dict[str, Any]:
+    if name == "sim_stragglers":
+        return simulated_stragglers(workdir, nodes, rounds)
     dep = deploy(workdir, nodes, database=name == "superlink_restarted")
     config_path = workdir / "run.yaml"
-    config_path.write_text(CONFIG.format(clients=nodes, rounds=rounds))
+    extra = f", min_replies: {nodes}" if name == "min_replies_stop" else ""
+    config_path.write_text(CONFIG.format(clients=nodes, rounds=rounds, flower_extra=extra))
     app, results = workdir / "app", workdir / "results"
     write_app_folder(load_config(config_path, []), app, results)
     record: dict[str, Any] = {"scenario": name, "nodes": nodes, "rounds": rounds, "exit_codes": []}
@@ -120,6 +129,14 @@ def scenario(name: str, workdir: Path, nodes: int, rounds: int, fault_after: int
         # `flwr run --stream` ends when its stream does (a SuperLink restart cuts it): the ServerApp may go on
         wait_until(lambda: (results / "summary.json").exists() or not serverapp_pids(dep), RUN_TIMEOUT,
                    "the ServerApp to finish")
+        if name == "min_replies_stop":
+            # the round short of replies stopped the run, its checkpoint kept: bring the node back, run it again
+            record["first_status"] = json.loads((results / "summary.json").read_text())["status"]
+            dep.start_supernode(VICTIM)
+            run = dep.procs.start("flwr-run-again", [str(VENV_BIN / "flwr"), "run", str(app), "dep", "--stream"],
+                                  dep.cli_env())
+            run.popen.wait(timeout=RUN_TIMEOUT)
+            record["exit_codes"].append(run.popen.returncode)
         if name == "superlink_restarted" and not (results / "summary.json").exists():
             # the ServerApp lost its SuperLink and ended (Flower 1.41); the nodes reconnected to the restarted
             # SuperLink: `flwr run` again, and the ServerApp resumes from its checkpoint
@@ -151,6 +168,19 @@ def scenario(name: str, workdir: Path, nodes: int, rounds: int, fault_after: int
     return record
 
 
+def simulated_stragglers(workdir: Path, nodes: int, rounds: int) -> dict[str, Any]:
+    """The simulator's model of a slow client (``train.stragglers``): one client in four uploads a round late."""
+    config_path = workdir / "run.yaml"
+    config_path.write_text(CONFIG.format(clients=nodes, rounds=rounds, flower_extra=""))
+    from graphfed.sim.engine import run_config
+
+    result = run_config(load_config(config_path, ["train.stragglers=0.25", "train.straggler_delay=1"]),
+                        progress=False)
+    return {"scenario": "sim_stragglers", "nodes": nodes, "rounds": rounds, "engine": "simulator",
+            "status": result.status, "stragglers": result.stragglers, "late_uploads": result.late_uploads,
+            "lost_uploads": result.lost_uploads, "numbers": {key: getattr(result, key) for key in NUMBERS}}
+
+
 def other_engines(config: RunConfig, workdir: Path) -> dict[str, float | None]:
     """Seconds per round (train + evaluate) of the same config on graphfed's simulator and on Flower's message path
     in one process (the in-process grid: serialisation and one client at a time, no processes)."""
@@ -179,6 +209,13 @@ def inject(name: str, dep: Deployment) -> None:
         if name == "node_restarted":
             time.sleep(5.0)
             dep.start_supernode(VICTIM)
+    elif name == "min_replies_stop":
+        procs.get(f"supernode{VICTIM}").signal_group(signal.SIGKILL)
+    elif name == "node_paused":  # a straggler: the node stops answering for a while, then carries on as itself
+        victim = procs.get(f"supernode{VICTIM}")
+        victim.signal_group(signal.SIGSTOP)
+        time.sleep(PAUSE_SECONDS)
+        victim.signal_group(signal.SIGCONT)
     elif name == "serverapp_killed":
         pids = serverapp_pids(dep)
         if not pids:
