@@ -1,18 +1,21 @@
 """FedAvg (McMahan et al., 2017) and FedAvg-FT (FedAvg + local fine-tuning before evaluation).
 
 Algorithm: the server sends the global model to the sampled clients; each runs K local SGD steps; the
-server moves the global model by the sample-weighted mean of the clients' changes.
+server moves the global model by the sample-weighted mean of the clients' changes. With ``server_optimizer``
+the mean change is a pseudo-gradient for a server optimiser (FedOpt, Reddi et al., ICLR 2021: FedAvgM, FedAdam,
+FedYogi, FedAdagrad), for FedAvg and every method built on its server step (FedProx, Ditto, FedRep, ...).
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from graphfed.attacks.defenses import Aggregation, robust_aggregate
 from graphfed.client.contract import ClientRule, ClientSetting
+from graphfed.core.optim import Yogi
 from graphfed.methods.base import Method, MethodContext, MethodOptions
 
 
@@ -26,6 +29,21 @@ class FedAvgOptions(MethodOptions):
     num_nodes_to_select: int = Field(default=1, ge=1, description="multikrum: updates averaged")
     clipping_norm: float | None = Field(default=None, gt=0, description="clip each update to this L2 norm before "
                                         "aggregating (Flower's fixed clipping, no noise); default: no clipping")
+    server_optimizer: Literal["sgd", "momentum", "adam", "yogi", "adagrad"] = Field(
+        default="sgd", description="FedOpt (Reddi et al., 2021): how the server applies the aggregated update, as "
+        "a pseudo-gradient: sgd (FedAvg: x -= server_lr * update), momentum (FedAvgM), adam (FedAdam), yogi "
+        "(FedYogi), adagrad (FedAdagrad); server_lr is the optimiser's learning rate")
+    server_momentum: float = Field(default=0.9, ge=0, lt=1, description="momentum: the server's momentum")
+    server_betas: list[float] = Field(default_factory=lambda: [0.9, 0.99], min_length=2, max_length=2,
+                                      description="adam / yogi: [beta1, beta2]")
+    server_tau: float = Field(default=1e-3, gt=0, description="adam / yogi / adagrad: the adaptivity tau (eps)")
+
+    @field_validator("server_betas")
+    @classmethod
+    def _betas_in_range(cls, betas: list[float]) -> list[float]:
+        if not all(0 <= beta < 1 for beta in betas):
+            raise ValueError(f"each beta must lie in [0, 1), got {list(betas)}")
+        return betas
 
 
 class FedAvg(Method):
@@ -40,6 +58,11 @@ class FedAvg(Method):
         self.options: FedAvgOptions = options
         self.global_weights = context.init_weights.clone()
         self.server_lr = options.server_lr if server_lr is None else server_lr
+        optimizer = getattr(options, "server_optimizer", "sgd")  # subclasses with their own options: plain FedAvg
+        if optimizer != "sgd":
+            # the optimiser steps a parameter that mirrors global_weights (subclasses write global_weights in place)
+            self._server_param = torch.nn.Parameter(self.global_weights.clone())
+            self.server_optimizer = server_optimizer(optimizer, [self._server_param], self.server_lr, options)
 
     def personalize(self, client_ids: torch.Tensor) -> torch.Tensor:
         return self.global_weights.unsqueeze(0).expand(len(client_ids), -1).clone()
@@ -56,7 +79,19 @@ class FedAvg(Method):
     def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
                metrics: dict[str, torch.Tensor]) -> None:
         # delta = sent - trained, so subtracting the mean delta moves towards the clients' models.
-        self.global_weights = self.global_weights - self.server_lr * self.aggregate(delta, metrics["num_examples"])
+        self.apply_update(self.aggregate(delta, metrics["num_examples"]))
+
+    def apply_update(self, update: torch.Tensor) -> None:
+        """Move the global model by the aggregated ``update`` (``[dim]``, a pseudo-gradient): FedAvg's step, or the
+        server optimiser's (FedOpt)."""
+        if not hasattr(self, "server_optimizer"):
+            self.global_weights = self.global_weights - self.server_lr * update
+            return
+        with torch.no_grad():
+            self._server_param.copy_(self.global_weights)
+        self._server_param.grad = update.detach().to(self._server_param.dtype)
+        self.server_optimizer.step()
+        self.global_weights = self._server_param.detach().clone()
 
     def aggregate(self, updates: torch.Tensor, num_examples: torch.Tensor) -> torch.Tensor:
         """``[dim]``: the clients' updates (or any per-client rows the server averages) combined under the
@@ -67,6 +102,19 @@ class FedAvg(Method):
             return robust_aggregate(updates, num_examples)
         return robust_aggregate(updates, num_examples, options.aggregation, options.beta, options.num_malicious_nodes,
                                 options.num_nodes_to_select, options.clipping_norm)
+
+
+def server_optimizer(name: str, params: list[torch.nn.Parameter], lr: float,
+                     options: FedAvgOptions) -> torch.optim.Optimizer:
+    """FedOpt's server optimisers: torch's SGD with momentum, Adam and Adagrad; Yogi from ``graphfed.core.optim``."""
+    beta1, beta2 = options.server_betas
+    if name == "momentum":
+        return torch.optim.SGD(params, lr=lr, momentum=options.server_momentum)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=(beta1, beta2), eps=options.server_tau)
+    if name == "adagrad":
+        return torch.optim.Adagrad(params, lr=lr, eps=options.server_tau)
+    return Yogi(params, lr=lr, betas=(beta1, beta2), tau=options.server_tau)
 
 
 class FedAvgFTOptions(FedAvgOptions):
