@@ -54,10 +54,18 @@ def single_architecture_methods() -> list[str]:
     return sorted(name for name, cls in METHODS.items() if cls.architectures not in ("ghn", "teacher"))
 
 
+#: Methods that need another model than the tiny MLP: FedBN keeps BatchNorm local (MNIST from ../shared/data,
+#: 1 % of its rows, a small CNN with BatchNorm)
+TINY_METHOD_DATA: dict[str, list[str]] = {
+    "fedbn": ["dataset.name=mnist", "dataset.client_fraction=0.01", "model.name=cnn-bn",
+              "model.options={channels: 4, hidden: 16}"],
+}
+
+
 def tiny_overrides(method: str = "fedavg", *overrides: str) -> list[str]:
     """The ``--set`` list of a tiny run of ``method``; later ``overrides`` win."""
     extra = [TINY_METHOD_OPTIONS[method]] if method in TINY_METHOD_OPTIONS else []
-    return [*TINY_BASE, f"method.name={method}", *extra, *overrides]
+    return [*TINY_BASE, f"method.name={method}", *extra, *TINY_METHOD_DATA.get(method, []), *overrides]
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ SPECIAL: dict[str, dict[str, Any]] = {
                 "method": {"options": {"embedding_dim": 4, "gnn_hidden": 8, "hypernet_hidden": 8, "server_steps": 2}}},
     "pfedgat": {"method": {"options": {"feedback": "loss_only"}}},
     "fedpac": {"model": {"name": "cnn-bn", "options": {}}, "dataset": IMAGES},
+    "fedbn": {"model": {"name": "cnn-bn", "options": {}}, "dataset": IMAGES},
     "flha-ghn": {"model": {"name": "resnet-like", "options": {"width": 4}, "architectures": ["arch0", "arch1"]},
                  "dataset": IMAGES},
     "flha-distill": {"method": {"options": {"distill_steps": 10}},

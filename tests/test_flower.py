@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import TINY_METHOD_OPTIONS, single_architecture_methods, without_wall_time
+from conftest import TINY_METHOD_DATA, TINY_METHOD_OPTIONS, single_architecture_methods, without_wall_time
 from graphfed.config import RunConfig, dump_config, load_config
 from graphfed.flower import protocol
 from graphfed.flower.app import client_app, run_on_grid
@@ -33,7 +33,8 @@ def flower_config(method: str, *overrides: str) -> RunConfig:
     """A tiny Flower run of ``method`` (``pfedgat-loss-only``: pFedGAT with scalar feedback)."""
     extra = [f"method.options={SMALL_SERVER[method]}"] if method in SMALL_SERVER else []
     name = method.removesuffix("-loss-only")
-    return load_config(None, [*FLOWER_BASE, f"method.name={name}", *extra, *overrides])
+    return load_config(None, [*FLOWER_BASE, f"method.name={name}", *extra, *TINY_METHOD_DATA.get(name, []),
+                              *overrides])
 
 
 def grid_for(config: RunConfig, seed: int = 0) -> InProcessGrid:

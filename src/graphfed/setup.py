@@ -65,8 +65,12 @@ def resolve_method(config: RunConfig) -> MethodSetup:
 def client_setting(model: TargetModel, spec: ParamSpec, federation: Federation, training: LocalTraining,
                    architecture: TargetModel | None = None) -> ClientSetting:
     """What a client rule may know about the model, the task and the training (same in every engine)."""
+    norm = tuple(f"{module_name}.{name}" if module_name else name
+                 for module_name, module in model.named_modules()
+                 if isinstance(module, torch.nn.modules.batchnorm._NormBase)
+                 for name, _ in module.named_parameters(recurse=False))
     return ClientSetting(spec, model.head_names, federation.task, federation.output_dim, training,
-                         None if architecture is model else architecture)
+                         None if architecture is model else architecture, norm)
 
 
 @dataclass

@@ -50,10 +50,19 @@ class ClientSetting:
     #: the client's own architecture where clients run different ones (``model.architectures``) and the network it
     #: trains is not that architecture (FLHA-GHN trains its GHN, FLHA-distillation a shared teacher); else None
     architecture: TargetModel | None = None
+    #: names of the normalisation layers' tensors (BatchNorm's affine weights and biases; FedBN keeps them local)
+    norm: tuple[str, ...] = ()
 
     @property
     def body(self) -> tuple[str, ...]:
         return tuple(name for name in self.spec.names if name not in self.head)
+
+    def require_head(self, method: str) -> tuple[str, ...]:
+        """The head's tensors; a ValueError naming ``method`` when the model declares none."""
+        if not self.head:
+            raise ValueError(f"{method} needs a model that declares its head (TargetModel.head_module, or "
+                             f"register_model(..., head='<output layer>'))")
+        return self.head
 
     def numel(self, names: Sequence[str]) -> int:
         shapes = {t.name: t.numel for t in self.spec.tensors}
@@ -181,6 +190,8 @@ class ClientRule:
     has_evaluation_network: ClassVar[bool] = False
     #: :meth:`eval_forward` replaces the model's forward for trained clients
     has_eval_forward: ClassVar[bool] = False
+    #: evaluation fine-tuning (``eval_finetune_steps``) trains the head only (FedBABU), not every tensor
+    finetunes_head_only: ClassVar[bool] = False
 
     def __init__(self, setting: ClientSetting, prox_mu: float = 0.0, eval_finetune_steps: int = 0,
                  eval_finetune_lr: float | None = None) -> None:
@@ -276,6 +287,38 @@ class PersonalModelRule(ClientRule):
 
     def eval_weights(self, received: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
         return state["personal"]
+
+
+class PersonalPartsRule(ClientRule):
+    """Clients keep the tensors ``personal`` as their own: they train every tensor jointly, keep the personal ones as
+    state between rounds and evaluate with them, and upload only the rest (the personal tensors' delta is zero and
+    is not counted as uploaded). FedPer keeps the head, LG-FedAvg the body, FedBN the BatchNorm tensors."""
+
+    evaluates_own_weights = True
+
+    def __init__(self, setting: ClientSetting, personal: Sequence[str]) -> None:
+        super().__init__(setting)
+        self.personal = tuple(personal)
+
+    @property
+    def upload_dim(self) -> int:
+        return self.spec.dim - self.setting.numel(self.personal)
+
+    def init_state(self, received: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"personal": self.setting.pack(self.spec.unflatten(received), self.personal).clone()}
+
+    def start(self, received: Weights, state: dict[str, torch.Tensor]) -> dict[str, Weights]:
+        return {"model": {**received, **self.setting.unpack(state["personal"], self.personal)}}
+
+    def finish(self, tracks: dict[str, Weights], received: Weights,
+               state: dict[str, torch.Tensor]) -> tuple[Weights, dict[str, torch.Tensor]]:
+        model = tracks["model"]
+        upload = {name: received[name] if name in self.personal else value for name, value in model.items()}
+        return upload, {"personal": self.setting.pack(model, self.personal)}
+
+    def eval_weights(self, received: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        personal = self.setting.unpack(state["personal"], self.personal)
+        return self.spec.flatten({**self.spec.unflatten(received), **personal}, batch_dims=1)
 
 
 class HeadTraining(ClientRule):

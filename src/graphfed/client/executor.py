@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from graphfed.client.contract import ClientRule, EvaluationTuning, UpdateForgery, Weights
+from graphfed.client.contract import ClientRule, EvaluationTuning, HeadTraining, UpdateForgery, Weights
 from graphfed.client.evaluation import ClientScores, evaluate_clients
 from graphfed.client.privacy import PrivacyPlan, privatize_uploads
 from graphfed.client.training import train_clients, validation_feedback
@@ -223,6 +223,8 @@ class ClientRuntime(ClientExecutor):
         own = self.rule.eval_weights(weights[rows], self.store.get(ids))
         if self.rule.eval_finetune_steps:
             finetune = self.plain_rule(self.rule.eval_finetune_steps, self.rule.eval_finetune_lr)
+            if self.rule.finetunes_head_only:
+                finetune = HeadTraining(finetune.setting)
             seeds = rng.client_seeds(self.seed, round_index, "evaluation", ids)
             own = train_clients(self.model, self.spec, own, self.federation.train.select(ids), finetune, seeds).trained
         if self.tuning is not None:

@@ -16,14 +16,18 @@ from graphfed.methods.fedah import FedAH
 from graphfed.methods.fedala import FedALA
 from graphfed.methods.fedamp import FedAMP, HFedAMP
 from graphfed.methods.fedavg import FedAvg, FedAvgFT
+from graphfed.methods.fedbabu import FedBABU
+from graphfed.methods.fedbn import FedBN
 from graphfed.methods.fedcp import FedCP
 from graphfed.methods.fedpac import FedPAC
+from graphfed.methods.fedper import FedPer
 from graphfed.methods.fedprox import FedProx, FedProxFT
 from graphfed.methods.fedrep import FedRep
 from graphfed.methods.fedrod import FedRoD
 from graphfed.methods.flha_distill import FlhaDistill
 from graphfed.methods.flha_ghn import FlhaGhn
 from graphfed.methods.knnper import KNNPer
+from graphfed.methods.lgfedavg import LGFedAvg
 from graphfed.methods.local import Local
 from graphfed.methods.panacea import Panacea, PanaceaGN, PanaceaMLP
 from graphfed.methods.perfedavg import PerFedAvg
@@ -38,7 +42,7 @@ METHODS: dict[str, type[Method]] = {
     cls.name: cls for cls in (Local, FedAvg, FedAvgFT, PFedHN, Panacea, PanaceaGN, PanaceaMLP, FedAGHN, PFedGAT,
                               SFL, FedAMP, HFedAMP, CFL, PFedGraph, PFedLA,
                               FedProx, FedProxFT, Ditto, PFedMe, PerFedAvg, FedRep, FedALA, FedRoD, KNNPer, FedCP,
-                              FedPAC, FedAH, FlhaGhn, FlhaDistill)
+                              FedPAC, FedAH, FlhaGhn, FlhaDistill, FedPer, LGFedAvg, FedBN, FedBABU)
 }
 #: methods that federate clients of different architectures (``model.architectures``)
 MIXED_ARCHITECTURE_METHODS = tuple(name for name, cls in METHODS.items() if cls.architectures != "shared")

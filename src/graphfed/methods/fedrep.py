@@ -30,9 +30,7 @@ class FedRepRule(ClientRule):
     evaluates_own_weights = True
     def __init__(self, setting: ClientSetting, head_steps: int) -> None:
         super().__init__(setting)
-        if not setting.head:
-            raise ValueError("FedRep needs a model that declares its head (TargetModel.head_module, or "
-                             "register_model(..., head='<output layer>'))")
+        setting.require_head("FedRep")
         self.head_steps = head_steps
 
     @property
