@@ -19,6 +19,7 @@ from graphfed.methods.fedavg import FedAvg, FedAvgFT
 from graphfed.methods.fedbabu import FedBABU
 from graphfed.methods.fedbn import FedBN
 from graphfed.methods.fedcp import FedCP
+from graphfed.methods.feddyn import FedDyn
 from graphfed.methods.fedpac import FedPAC
 from graphfed.methods.fedper import FedPer
 from graphfed.methods.fedprox import FedProx, FedProxFT
@@ -36,13 +37,15 @@ from graphfed.methods.pfedgraph import PFedGraph
 from graphfed.methods.pfedhn import PFedHN
 from graphfed.methods.pfedla import PFedLA
 from graphfed.methods.pfedme import PFedMe
+from graphfed.methods.scaffold import Scaffold
 from graphfed.methods.sfl import SFL
 
 METHODS: dict[str, type[Method]] = {
     cls.name: cls for cls in (Local, FedAvg, FedAvgFT, PFedHN, Panacea, PanaceaGN, PanaceaMLP, FedAGHN, PFedGAT,
                               SFL, FedAMP, HFedAMP, CFL, PFedGraph, PFedLA,
                               FedProx, FedProxFT, Ditto, PFedMe, PerFedAvg, FedRep, FedALA, FedRoD, KNNPer, FedCP,
-                              FedPAC, FedAH, FlhaGhn, FlhaDistill, FedPer, LGFedAvg, FedBN, FedBABU)
+                              FedPAC, FedAH, FlhaGhn, FlhaDistill, FedPer, LGFedAvg, FedBN, FedBABU, Scaffold,
+                              FedDyn)
 }
 #: methods that federate clients of different architectures (``model.architectures``)
 MIXED_ARCHITECTURE_METHODS = tuple(name for name, cls in METHODS.items() if cls.architectures != "shared")
