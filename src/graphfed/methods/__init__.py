@@ -30,6 +30,7 @@ from graphfed.methods.flha_ghn import FlhaGhn
 from graphfed.methods.knnper import KNNPer
 from graphfed.methods.lgfedavg import LGFedAvg
 from graphfed.methods.local import Local
+from graphfed.methods.moon import Moon
 from graphfed.methods.panacea import Panacea, PanaceaGN, PanaceaMLP
 from graphfed.methods.perfedavg import PerFedAvg
 from graphfed.methods.pfedgat import PFedGAT
@@ -45,7 +46,7 @@ METHODS: dict[str, type[Method]] = {
                               SFL, FedAMP, HFedAMP, CFL, PFedGraph, PFedLA,
                               FedProx, FedProxFT, Ditto, PFedMe, PerFedAvg, FedRep, FedALA, FedRoD, KNNPer, FedCP,
                               FedPAC, FedAH, FlhaGhn, FlhaDistill, FedPer, LGFedAvg, FedBN, FedBABU, Scaffold,
-                              FedDyn)
+                              FedDyn, Moon)
 }
 #: methods that federate clients of different architectures (``model.architectures``)
 MIXED_ARCHITECTURE_METHODS = tuple(name for name, cls in METHODS.items() if cls.architectures != "shared")
