@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 from graphfed.config import error_message
 from graphfed.errors import ConfigError
+from graphfed.methods.apfl import Apfl
 from graphfed.methods.base import Method, MethodContext, MethodOptions
 from graphfed.methods.cfl import CFL
 from graphfed.methods.ditto import Ditto
@@ -46,7 +47,7 @@ METHODS: dict[str, type[Method]] = {
                               SFL, FedAMP, HFedAMP, CFL, PFedGraph, PFedLA,
                               FedProx, FedProxFT, Ditto, PFedMe, PerFedAvg, FedRep, FedALA, FedRoD, KNNPer, FedCP,
                               FedPAC, FedAH, FlhaGhn, FlhaDistill, FedPer, LGFedAvg, FedBN, FedBABU, Scaffold,
-                              FedDyn, Moon)
+                              FedDyn, Moon, Apfl)
 }
 #: methods that federate clients of different architectures (``model.architectures``)
 MIXED_ARCHITECTURE_METHODS = tuple(name for name, cls in METHODS.items() if cls.architectures != "shared")
