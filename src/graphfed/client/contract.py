@@ -7,7 +7,7 @@ core. Weights are rows of a ``[S, dim]`` tensor (S clients at once), named per t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple, Protocol
 
@@ -192,6 +192,8 @@ class ClientRule:
     has_eval_forward: ClassVar[bool] = False
     #: evaluation fine-tuning (``eval_finetune_steps``) trains the head only (FedBABU), not every tensor
     finetunes_head_only: ClassVar[bool] = False
+    #: :meth:`fuse` builds the start of local training from downloaded models scored on the client's validation rows
+    fuses_downloads: ClassVar[bool] = False
 
     def __init__(self, setting: ClientSetting, prox_mu: float = 0.0, eval_finetune_steps: int = 0,
                  eval_finetune_lr: float | None = None) -> None:
@@ -253,6 +255,14 @@ class ClientRule:
     def upload_shapes(self) -> dict[str, tuple[int, ...]]:
         """Per-client shape of each array a client uploads besides its delta (checked on arrival)."""
         return {}
+
+    def fuse(self, received: torch.Tensor, broadcast: dict[str, torch.Tensor],
+             validation_losses: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor,
+                                                                                dict[str, torch.Tensor]]:
+        """(``fuses_downloads``) The ``[S, dim]`` weights local training starts from, built from the received ones and
+        the models in ``broadcast``, and arrays to upload (see :meth:`upload_shapes`). ``validation_losses(weights
+        [S, K, dim]) -> [S, K]`` scores K weight sets per client on that client's validation rows."""
+        raise NotImplementedError
 
     def uploads(self, tracks: dict[str, Weights], local: LocalStep) -> dict[str, torch.Tensor]:
         """Arrays (``[S, *shape]``, see :meth:`upload_shapes`) uploaded with the delta; they reach

@@ -178,9 +178,14 @@ class ClientRuntime(ClientExecutor):
         if purpose == "local_training":
             fresh = ~self.store.has_trained(client_ids)
             state = self._state_for(client_ids, start, fresh)
-        trained, metrics, new_state = train_clients(self.model, self.spec, start,
+        begin, fused = start, {}
+        if purpose == "local_training" and rule.fuses_downloads:
+            begin, fused = rule.fuse(start, broadcast or {}, lambda weights: self.validation_losses(client_ids,
+                                                                                                    weights))
+        trained, metrics, new_state = train_clients(self.model, self.spec, begin,
                                                     self.federation.train.select(client_ids), rule, seeds, state,
                                                     broadcast)
+        metrics.update(fused)
         # before any arithmetic broadcasts it
         check_update(trained, client_ids, self.spec.dim, round_index, self.federation.client_names)
         if purpose == "local_training":
@@ -200,6 +205,15 @@ class ClientRuntime(ClientExecutor):
         if self.attack is not None and purpose == "local_training":
             delta = self.attack.forge(client_ids, delta, round_index)
         return TrainResult(torch.arange(len(client_ids), device="cpu"), client_ids, delta, metrics)
+
+    def validation_losses(self, client_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """``[S, K]``: the loss of each of ``weights [S, K, dim]`` on its client's validation rows."""
+        count, candidates = weights.shape[:2]
+        repeated = client_ids.repeat_interleave(candidates)
+        scores = evaluate_clients(self.model, self.spec, weights.reshape(count * candidates, -1),
+                                  self.federation.val.select(repeated), self.federation.task,
+                                  precision=self.training.precision)
+        return scores.loss.reshape(count, candidates)
 
     def _state_for(self, client_ids: torch.Tensor, start: torch.Tensor,
                    fresh: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -21,6 +21,7 @@ from graphfed.methods.fedbabu import FedBABU
 from graphfed.methods.fedbn import FedBN
 from graphfed.methods.fedcp import FedCP
 from graphfed.methods.feddyn import FedDyn
+from graphfed.methods.fedfomo import FedFomo
 from graphfed.methods.fedpac import FedPAC
 from graphfed.methods.fedper import FedPer
 from graphfed.methods.fedprox import FedProx, FedProxFT
@@ -47,7 +48,7 @@ METHODS: dict[str, type[Method]] = {
                               SFL, FedAMP, HFedAMP, CFL, PFedGraph, PFedLA,
                               FedProx, FedProxFT, Ditto, PFedMe, PerFedAvg, FedRep, FedALA, FedRoD, KNNPer, FedCP,
                               FedPAC, FedAH, FlhaGhn, FlhaDistill, FedPer, LGFedAvg, FedBN, FedBABU, Scaffold,
-                              FedDyn, Moon, Apfl)
+                              FedDyn, Moon, Apfl, FedFomo)
 }
 #: methods that federate clients of different architectures (``model.architectures``)
 MIXED_ARCHITECTURE_METHODS = tuple(name for name, cls in METHODS.items() if cls.architectures != "shared")
