@@ -9,12 +9,14 @@ measured for each method.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 import torch
 
 from graphfed.config import load_config
-from graphfed.data import federation_from_clients, register_dataset
+from graphfed.data import DATASETS, federation_from_clients, register_dataset
 from graphfed.setup import build_setup
 from graphfed.sim.engine import Simulator
 
@@ -33,7 +35,12 @@ def quadratic_clients(cfg, streams):  # type: ignore[no-untyped-def]
     return federation_from_clients("quadratic", xs, ys, cfg, streams, task="regression", output_dim=1)
 
 
-register_dataset("quadratic-clients", quadratic_clients, task="regression", replace=True)
+@pytest.fixture(autouse=True, scope="module")
+def _registered() -> Iterator[None]:
+    """The dataset exists for this module's tests only (the registry is process-wide: the catalogue test reads it)."""
+    register_dataset("quadratic-clients", quadratic_clients, task="regression", replace=True)
+    yield
+    DATASETS.pop("quadratic-clients", None)
 
 
 def global_optimum(simulator: Simulator) -> torch.Tensor:

@@ -154,13 +154,13 @@ def test_a_node_drops_client_state_that_a_resume_rewound_past(tmp_path: Path) ->
     train), attempt 1's round 4 stands; a file from an attempt the server never made is dropped too."""
     from flwr.app import ConfigRecord
 
-    from graphfed.flower.client import _state_files
+    from graphfed.flower.client import state_files
 
     names = [*(f"round-{r:06d}-000.pt" for r in range(6)), "round-000004-001.pt", "round-000002-007.pt",
              "notes.txt"]
     for name in names:
         (tmp_path / name).write_bytes(b"")
     config = ConfigRecord({protocol.RESUMES_KEY: "4,6"})
-    kept = [(round_index, attempt) for round_index, attempt, _ in _state_files(tmp_path, config)]
+    kept = [(round_index, attempt) for round_index, attempt, _ in state_files(tmp_path, config)]
     assert kept == [(0, 0), (1, 0), (2, 0), (3, 0), (4, 1)]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*names[:4], "round-000004-001.pt", "notes.txt"])

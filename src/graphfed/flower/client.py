@@ -49,7 +49,8 @@ def _client_side(config_yaml: str, node_device: str | None = None) -> ClientSide
     return ClientSide.build(config, build_federation(config.dataset, config.seed), resolve_method(config), device)
 
 
-def _client_id(context: Context) -> tuple[int, ClientSide]:
+def node_client(context: Context) -> tuple[int, ClientSide]:
+    """The client this node serves (its partition id, checked) and the run's client side, built once per process."""
     node_device = context.node_config.get(protocol.DEVICE_KEY)
     if node_device is not None and not isinstance(node_device, str):
         raise ConfigError(f"node config {protocol.DEVICE_KEY}={node_device!r}: give a device name "
@@ -70,7 +71,7 @@ def _runtime(message: Message, context: Context) -> tuple[ClientRuntime | Archit
     """This node's client, with the method's client rule (built once from the run config) and the client's state
     (what it kept from earlier rounds) restored from ``context.state``. With mixed architectures the node builds
     its own architecture's network from the run config and its partition id."""
-    client_id, side = _client_id(context)
+    client_id, side = node_client(context)
     config = message.content["config"]
     if int(config["client-id"]) != client_id:
         raise UntrustedInputError(f"message for client {config['client-id']} reached client {client_id}")
@@ -82,7 +83,7 @@ def _runtime(message: Message, context: Context) -> tuple[ClientRuntime | Archit
     round_index = int(config["round"])
     # training in round r starts from the state before r; evaluation in round r scores the state after r's training
     before = round_index if message.metadata.message_type == MessageType.TRAIN else round_index + 1
-    saved = _saved_state(context, config, client_id, before)
+    saved = saved_state(context, config, client_id, before)
     if saved is not None:
         runtime.runtime_of(client_id).store.load_state_dict(saved)
     return runtime, client_id, weights, config
@@ -99,7 +100,7 @@ def _state_folder(context: Context, config: ConfigRecord, client_id: int) -> Pat
     return root / token / f"client-{client_id}"
 
 
-def _state_files(folder: Path, config: ConfigRecord) -> list[tuple[int, int, Path]]:
+def state_files(folder: Path, config: ConfigRecord) -> list[tuple[int, int, Path]]:
     """The client's saved states that belong to the run as the server now sees it, as (round, attempt, path),
     oldest first. A run resumed at round ``f`` (0-based index of the first round run again) makes every state
     an earlier attempt wrote from round ``f`` on stale: those files are removed."""
@@ -117,11 +118,11 @@ def _state_files(folder: Path, config: ConfigRecord) -> list[tuple[int, int, Pat
     return sorted(files)
 
 
-def _saved_state(context: Context, config: ConfigRecord, client_id: int, before: int) -> dict[str, Any] | None:
+def saved_state(context: Context, config: ConfigRecord, client_id: int, before: int) -> dict[str, Any] | None:
     folder = _state_folder(context, config, client_id)
     if not folder.is_dir():
         return None
-    usable = [path for round_index, _, path in _state_files(folder, config) if round_index < before]
+    usable = [path for round_index, _, path in state_files(folder, config) if round_index < before]
     if not usable:
         return None
     try:
@@ -131,7 +132,7 @@ def _saved_state(context: Context, config: ConfigRecord, client_id: int, before:
                                   f"file to restart this client's state") from None
 
 
-def _keep_state(runtime: ClientRuntime | ArchitectureRuntime, client_id: int, context: Context,
+def keep_state(runtime: ClientRuntime | ArchitectureRuntime, client_id: int, context: Context,
                 config: ConfigRecord, side: ClientSide) -> None:
     """Write the client's state after its local training in this round; drop what no resume can need (the server
     resumes at most ``flower.checkpoint_every`` rounds back)."""
@@ -142,7 +143,7 @@ def _keep_state(runtime: ClientRuntime | ArchitectureRuntime, client_id: int, co
     torch.save(protocol.state_record(store.state_dict()).to_torch_state_dict(), buffer)
     attempt = len(protocol.resume_points(config))
     atomic_write_bytes(folder / f"round-{int(config['round']):06d}-{attempt:03d}.pt", buffer.getvalue())
-    files = _state_files(folder, config)
+    files = state_files(folder, config)
     for _, _, stale in files[:-(side.config.flower.checkpoint_every + 1)]:
         stale.unlink(missing_ok=True)
 
@@ -156,7 +157,7 @@ def _remember(context: Context, key: str) -> None:
 
 @client_app.query()
 def query(message: Message, context: Context) -> Message:
-    client_id, _ = _client_id(context)
+    client_id, _ = node_client(context)
     return Message(RecordDict({"identity": ConfigRecord({protocol.PARTITION_KEY: client_id})}), reply_to=message)
 
 
@@ -172,7 +173,7 @@ def train(message: Message, context: Context) -> Message:
     steps = int(config["steps"]) if "steps" in config else None  # asked for besides the run's (novel clients)
     result = runtime.train(ids, weights.unsqueeze(0), int(config["round"]), purpose, steps, broadcast)
     if purpose == "local_training":  # the only training that changes a client's state
-        _keep_state(runtime, client_id, context, config, _client_id(context)[1])
+        keep_state(runtime, client_id, context, config, node_client(context)[1])
     _remember(context, "rounds-trained")
     uploads = list(runtime.runtime_of(client_id).rule.upload_shapes()) if purpose == "local_training" else []
     return Message(protocol.train_reply(result.delta, result.metrics, client_id, uploads), reply_to=message)

@@ -59,7 +59,7 @@ from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from graphfed import runs
 from graphfed.config import ConfigError, RunConfig, dump_config, read_yaml, validate_config
 from graphfed.flower import protocol
-from graphfed.flower.client import _client_id, _keep_state, _saved_state
+from graphfed.flower.client import keep_state, node_client, saved_state
 from graphfed.provenance import code_provenance
 from graphfed.runs import RunResult
 from graphfed.setup import Setup, build_setup
@@ -243,11 +243,11 @@ class SecureClient(NumPyClient):
 
     def __init__(self, context: Context) -> None:
         self.context = context
-        self.client_id, self.side = _client_id(context)
+        self.client_id, self.side = node_client(context)
 
     def _runtime(self, config: dict[str, Scalar], before: int) -> Any:
         runtime = self.side.executor(int(config["seed"]), torch.tensor([self.client_id]))
-        saved = _saved_state(self.context, self._state_config(config), self.client_id, before)
+        saved = saved_state(self.context, self._state_config(config), self.client_id, before)
         if saved is not None:
             runtime.runtime_of(self.client_id).store.load_state_dict(saved)
         return runtime
@@ -264,7 +264,7 @@ class SecureClient(NumPyClient):
         runtime = self._runtime(config, round_index)
         ids = torch.tensor([self.client_id])
         result = runtime.train(ids, weights.unsqueeze(0), round_index, "local_training")
-        _keep_state(runtime, self.client_id, self.context, self._state_config(config), self.side)  # type: ignore[arg-type]
+        keep_state(runtime, self.client_id, self.context, self._state_config(config), self.side)  # type: ignore[arg-type]
         rows = int(self.side.federation.train.counts[self.client_id])
         return [result.delta[0].to("cpu", torch.float32).numpy()], rows, {}
 

@@ -64,8 +64,9 @@ class FedFomo(Method):
         super().__init__(context, options)
         self.options: FedFomoOptions = options
         self.bank = context.init_weights.unsqueeze(0).repeat(context.num_clients, 1)
-        self.affinity = torch.zeros(context.num_clients, context.num_clients)
-        self.has_trained = torch.zeros(context.num_clients, dtype=torch.bool)
+        # who-downloads-what bookkeeping lives on the host; the models on the method's device
+        self.affinity = torch.zeros(context.num_clients, context.num_clients, device="cpu")
+        self.has_trained = torch.zeros(context.num_clients, dtype=torch.bool, device="cpu")
 
     @classmethod
     def client_rule(cls, options: FedFomoOptions, setting: ClientSetting) -> ClientRule:
@@ -75,35 +76,36 @@ class FedFomo(Method):
         """Each client's latest model; a client that never trained (a novel one) gets the mean of the bank's trained
         models, the one model the server can offer it."""
         models = self.bank[client_ids].clone()
-        fresh = ~self.has_trained[client_ids]
+        fresh = ~self.has_trained[client_ids.cpu()]
         if fresh.any() and self.has_trained.any():
-            models[fresh] = self.bank[self.has_trained].mean(0)
+            models[fresh.to(models.device)] = self.bank[self.has_trained.to(self.bank.device)].mean(0)
         return models
 
     def broadcast(self, client_ids: torch.Tensor) -> dict[str, torch.Tensor]:
         chosen = torch.stack([self._choose(int(client)) for client in client_ids])
-        return {"bank": self.bank[chosen], "bank_ids": chosen.to(torch.float32)}
+        return {"bank": self.bank[chosen.to(self.bank.device)],
+                "bank_ids": chosen.to(device=self.bank.device, dtype=torch.float32)}
 
     def _choose(self, client: int) -> torch.Tensor:
         """M other training clients: by affinity, each slot replaced by a random one with probability epsilon."""
         others = self.context.train_client_ids[self.context.train_client_ids != client]
         count = min(self.options.models, len(others))
         ranked = others[torch.argsort(self.affinity[client, others], descending=True, stable=True)]
-        shuffled = others[torch.randperm(len(others), generator=self.generator)]
-        explore = torch.rand(count, generator=self.generator) < self.options.epsilon
+        shuffled = others[torch.randperm(len(others), generator=self.generator, device="cpu")]
+        explore = torch.rand(count, generator=self.generator, device="cpu") < self.options.epsilon
         picked: list[int] = []
         for slot in range(count):
             pool = shuffled if explore[slot] else ranked
             picked.append(next(int(c) for c in pool if int(c) not in picked))
         while len(picked) < self.options.models:  # fewer other clients than M: repeat (a repeat adds nothing new)
             picked.append(picked[len(picked) % max(count, 1)] if count else client)
-        return torch.tensor(picked)
+        return torch.tensor(picked, device="cpu")
 
     def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
                metrics: dict[str, torch.Tensor]) -> None:
         self.bank[client_ids] = (sent - delta).to(self.bank.dtype)
-        self.has_trained[client_ids] = True
-        ids = metrics["fomo_ids"].round().long()
+        self.has_trained[client_ids.cpu()] = True
+        ids, weights = metrics["fomo_ids"].round().long().cpu(), metrics["fomo_weights"].float().cpu()
         for row, client in enumerate(client_ids.tolist()):
             known = (ids[row] >= 0) & (ids[row] < len(self.affinity))  # an id no client has is ignored, not trusted
-            self.affinity[client].index_add_(0, ids[row][known], metrics["fomo_weights"][row][known].float())
+            self.affinity[client].index_add_(0, ids[row][known], weights[row][known])
