@@ -172,13 +172,13 @@ def test_a_flower_node_trains_on_the_device_its_node_config_names(make_config: C
         return Context(run_id=1, node_id=7, node_config={"partition-id": 2, "num-partitions": 12, **node_config},
                        state=RecordDict(), run_config=dict(run_config))
 
-    client_id, side = flower_client._client_id(node(device="cpu"))
+    client_id, side = flower_client.node_client(node(device="cpu"))
     assert client_id == 2 and side.device == torch.device("cpu") and side.federation.train.x.device.type == "cpu"
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match=r"train.device: cuda:3 asked for, but this torch .* finds no CUDA"):
-            flower_client._client_id(node(device="cuda:3"))
+            flower_client.node_client(node(device="cuda:3"))
     with pytest.raises(ConfigError, match=r"node config device=4: give a device name"):
-        flower_client._client_id(node(device=4))
+        flower_client.node_client(node(device=4))
 
 
 def test_flower_app_prints_the_simulation_resources_of_the_config(tmp_path: Path) -> None:
