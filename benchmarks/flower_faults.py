@@ -36,6 +36,7 @@ import argparse
 import json
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,6 +48,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the process harness the deployment tests use
 
+from flower_overhead import round_times  # noqa: E402
 from graphfed.config import RunConfig, dump_config, load_config  # noqa: E402
 from graphfed.flower.app_folder import write_app_folder  # noqa: E402
 from test_flower_processes import VENV_BIN, Deployment, Processes, free_ports, marked_processes  # noqa: E402
@@ -149,7 +151,6 @@ def scenario(name: str, workdir: Path, nodes: int, rounds: int, fault_after: int
         summary_path = results / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
         rounds_log = [json.loads(line) for line in (results / "rounds.jsonl").read_text().splitlines()]
-        walls = [r["wall_seconds"] for r in rounds_log]
         record.update({
             "status": summary.get("status", "no summary.json (the ServerApp did not finish)"),
             "rounds_run": summary.get("rounds"), "rounds_logged": [r["round"] for r in rounds_log],
@@ -158,7 +159,7 @@ def scenario(name: str, workdir: Path, nodes: int, rounds: int, fault_after: int
             "readmitted": summary.get("readmitted"), "resumed_at": summary.get("resumed_at"),
             "scored_clients": summary.get("scored_clients"), "training_clients": summary.get("training_clients"),
             "coverage_by_round": {r["round"]: r.get("scored_clients") for r in rounds_log},
-            "seconds_per_round": round((walls[-1] - walls[0]) / (len(walls) - 1), 2) if len(walls) > 1 else None,
+            "seconds_per_round": seconds_per_round(results, 2),
             "numbers": {key: summary.get(key) for key in NUMBERS},
         })
     finally:
@@ -190,16 +191,19 @@ def other_engines(config: RunConfig, workdir: Path) -> dict[str, float | None]:
     from graphfed.flower.inprocess import InProcessGrid
     from graphfed.sim.engine import run_config
 
-    def per_round(out: Path) -> float | None:
-        walls = [json.loads(line)["wall_seconds"] for line in (out / "rounds.jsonl").read_text().splitlines()]
-        return round((walls[-1] - walls[0]) / (len(walls) - 1), 3) if len(walls) > 1 else None
-
     run_config(config, workdir / "sim", progress=False)
     grid = InProcessGrid(client_app, config.dataset.num_clients or 0, {protocol.RUN_CONFIG_KEY: dump_config(config)},
                          state_dir=workdir / "inprocess-state")
     run_on_grid(grid, config, workdir / "inprocess")
-    return {"simulator_seconds_per_round": per_round(workdir / "sim"),
-            "inprocess_grid_seconds_per_round": per_round(workdir / "inprocess")}
+    return {"simulator_seconds_per_round": seconds_per_round(workdir / "sim", 3),
+            "inprocess_grid_seconds_per_round": seconds_per_round(workdir / "inprocess", 3)}
+
+
+def seconds_per_round(out_dir: Path, digits: int) -> float | None:
+    """Mean seconds per round (train + evaluate) from ``rounds.jsonl``, round 1 left out: it also asks every node
+    for its client id."""
+    times = round_times(out_dir)[1:]
+    return round(statistics.fmean(times), digits) if times else None
 
 
 def inject(name: str, dep: Deployment) -> None:

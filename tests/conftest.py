@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -127,3 +128,15 @@ def model_client_data(name: str, counts: tuple[int, ...], seed: int = 0) -> tupl
         xs = [torch.randn(count, *shape, generator=generator) for count in counts]
         ys = [torch.arange(count) % 4 for count in counts]
     return fed, ClientSplit.from_lists(xs, ys, fed.task)
+
+
+@contextlib.contextmanager
+def registered_dataset(name: str, build: Callable[..., Any], task: str) -> Iterator[None]:
+    """``dataset.name: <name>`` for the block only: the registry is process-wide and the catalogue test reads it."""
+    from graphfed.data import DATASETS, register_dataset
+
+    register_dataset(name, build, task=task, replace=True)  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        DATASETS.pop(name, None)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ConfigFactory
-from graphfed.data import DATASETS, federation_from_clients, register_dataset
+from conftest import ConfigFactory, registered_dataset
+from graphfed.data import federation_from_clients
 from graphfed.sim.engine import Simulator
 
 CLIENTS = 8
@@ -25,10 +25,8 @@ def shared_rule_and_one_outlier(cfg, streams):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(autouse=True, scope="module")
 def _registered() -> Iterator[None]:
-    """The dataset exists for this module's tests only (the registry is process-wide: the catalogue test reads it)."""
-    register_dataset("one-outlier", shared_rule_and_one_outlier, task="classification", replace=True)
-    yield
-    DATASETS.pop("one-outlier", None)
+    with registered_dataset("one-outlier", shared_rule_and_one_outlier, "classification"):
+        yield
 
 
 def test_alpha_moves_towards_the_personal_model_on_a_client_unlike_the_others(make_config: ConfigFactory) -> None:

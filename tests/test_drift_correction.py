@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import registered_dataset
 from graphfed.config import load_config
-from graphfed.data import DATASETS, federation_from_clients, register_dataset
+from graphfed.data import federation_from_clients
 from graphfed.setup import build_setup
 from graphfed.sim.engine import Simulator
 
@@ -37,10 +38,8 @@ def quadratic_clients(cfg, streams):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(autouse=True, scope="module")
 def _registered() -> Iterator[None]:
-    """The dataset exists for this module's tests only (the registry is process-wide: the catalogue test reads it)."""
-    register_dataset("quadratic-clients", quadratic_clients, task="regression", replace=True)
-    yield
-    DATASETS.pop("quadratic-clients", None)
+    with registered_dataset("quadratic-clients", quadratic_clients, "regression"):
+        yield
 
 
 def global_optimum(simulator: Simulator) -> torch.Tensor:

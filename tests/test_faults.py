@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from conftest import ConfigFactory, single_architecture_methods, without_wall_time
+from graphfed.sim.checkpoint import load_checkpoint
 from graphfed.sim.engine import Simulator
+from test_engine import interrupt_at
 
 
 @pytest.mark.parametrize("method", single_architecture_methods())
@@ -105,16 +107,10 @@ def test_a_resumed_run_delivers_the_uploads_that_were_in_flight(make_config: Con
     config = make_config("fedavg", "train.stragglers=0.3", "train.straggler_delay=1", "train.rounds=4",
                          "train.eval_every=1", "train.checkpoint_every=1")
     whole = Simulator(config, progress=False).run()
-    evaluate = Simulator.evaluate
-
-    def interrupted(self: Simulator, round_index: int) -> dict:  # type: ignore[type-arg]
-        if round_index == 2:
-            raise KeyboardInterrupt
-        return evaluate(self, round_index)
-
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Simulator, "evaluate", interrupted)
+        interrupt_at(patch, 2)
         with pytest.raises(KeyboardInterrupt):
             Simulator(config, tmp_path, progress=False).run()
+    assert load_checkpoint(tmp_path)["in_flight"]  # the checkpoint really holds uploads on their way
     resumed = Simulator(config, tmp_path, progress=False).run(resume=True)
     assert without_wall_time(resumed) == without_wall_time(whole)

@@ -12,6 +12,7 @@ import torch
 from conftest import ConfigFactory, without_wall_time
 from graphfed.setup import build_setup
 from graphfed.sim.engine import Simulator
+from test_engine import interrupt_at
 
 
 def method_with(make_config: ConfigFactory, options: str, method: str = "fedavg"):  # type: ignore[no-untyped-def]
@@ -91,15 +92,8 @@ def test_a_resumed_run_keeps_the_server_optimisers_state(make_config: ConfigFact
     config = make_config("fedavg", "method.options={server_optimizer: yogi, server_lr: 0.05}", "train.rounds=6",
                          "train.eval_every=2", "train.checkpoint_every=2")
     whole = Simulator(config, progress=False).run()
-    evaluate = Simulator.evaluate
-
-    def interrupted(self: Simulator, round_index: int) -> dict:  # type: ignore[type-arg]
-        if round_index == 3:
-            raise KeyboardInterrupt
-        return evaluate(self, round_index)
-
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Simulator, "evaluate", interrupted)
+        interrupt_at(patch, 3)
         with pytest.raises(KeyboardInterrupt):
             Simulator(config, tmp_path, progress=False).run()
     resumed = Simulator(config, tmp_path, progress=False).run(resume=True)

@@ -192,8 +192,6 @@ class ClientRule:
     has_eval_forward: ClassVar[bool] = False
     #: evaluation fine-tuning (``eval_finetune_steps``) trains the head only (FedBABU), not every tensor
     finetunes_head_only: ClassVar[bool] = False
-    #: :meth:`fuse` builds the start of local training from downloaded models scored on the client's validation rows
-    fuses_downloads: ClassVar[bool] = False
 
     def __init__(self, setting: ClientSetting, prox_mu: float = 0.0, eval_finetune_steps: int = 0,
                  eval_finetune_lr: float | None = None) -> None:
@@ -259,10 +257,11 @@ class ClientRule:
     def fuse(self, received: torch.Tensor, broadcast: dict[str, torch.Tensor],
              validation_losses: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor,
                                                                                 dict[str, torch.Tensor]]:
-        """(``fuses_downloads``) The ``[S, dim]`` weights local training starts from, built from the received ones and
-        the models in ``broadcast``, and arrays to upload (see :meth:`upload_shapes`). ``validation_losses(weights
-        [S, K, dim]) -> [S, K]`` scores K weight sets per client on that client's validation rows."""
-        raise NotImplementedError
+        """The ``[S, dim]`` weights local training starts from and arrays to upload (see :meth:`upload_shapes`).
+        FedFomo builds them from the models in ``broadcast``, scored by ``validation_losses(weights [S, K, dim]) ->
+        [S, K]`` on each client's validation rows (called only by a rule that needs it). Default: the received
+        weights, nothing extra."""
+        return received, {}
 
     def uploads(self, tracks: dict[str, Weights], local: LocalStep) -> dict[str, torch.Tensor]:
         """Arrays (``[S, *shape]``, see :meth:`upload_shapes`) uploaded with the delta; they reach

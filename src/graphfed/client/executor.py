@@ -179,7 +179,7 @@ class ClientRuntime(ClientExecutor):
             fresh = ~self.store.has_trained(client_ids)
             state = self._state_for(client_ids, start, fresh)
         begin, fused = start, {}
-        if purpose == "local_training" and rule.fuses_downloads:
+        if purpose == "local_training":
             begin, fused = rule.fuse(start, broadcast or {}, lambda weights: self.validation_losses(client_ids,
                                                                                                     weights))
         trained, metrics, new_state = train_clients(self.model, self.spec, begin,

@@ -66,11 +66,22 @@ def node_client(context: Context) -> tuple[int, ClientSide]:
     return client_id, side
 
 
+def client_runtime(side: ClientSide, context: Context, config: ConfigRecord | dict[str, Any], client_id: int,
+                   before: int) -> ClientRuntime | ArchitectureRuntime:
+    """The client's runtime with the state it saved in the newest round before ``before`` (see the module
+    docstring), read from the node's disk."""
+    runtime = side.executor(int(config["seed"]), torch.tensor([client_id]))
+    saved = saved_state(context, config, client_id, before)  # type: ignore[arg-type]
+    if saved is not None:
+        runtime.runtime_of(client_id).store.load_state_dict(saved)
+    return runtime
+
+
 def _runtime(message: Message, context: Context) -> tuple[ClientRuntime | ArchitectureRuntime, int, torch.Tensor,
-                                                          ConfigRecord]:
+                                                          ConfigRecord, ClientSide]:
     """This node's client, with the method's client rule (built once from the run config) and the client's state
-    (what it kept from earlier rounds) restored from ``context.state``. With mixed architectures the node builds
-    its own architecture's network from the run config and its partition id."""
+    (what it kept from earlier rounds) read from the node's disk. With mixed architectures the node builds its own
+    architecture's network from the run config and its partition id."""
     client_id, side = node_client(context)
     config = message.content["config"]
     if int(config["client-id"]) != client_id:
@@ -79,14 +90,10 @@ def _runtime(message: Message, context: Context) -> tuple[ClientRuntime | Archit
     if weights.shape != (side.spec.dim,):
         raise UntrustedInputError(f"received {tuple(weights.shape)} weights, the model has {side.spec.dim}")
     weights = weights.to(side.device)  # the node's own device (its train.device; auto: its GPU if it has one)
-    runtime = side.executor(int(config["seed"]), torch.tensor([client_id]))
     round_index = int(config["round"])
     # training in round r starts from the state before r; evaluation in round r scores the state after r's training
     before = round_index if message.metadata.message_type == MessageType.TRAIN else round_index + 1
-    saved = saved_state(context, config, client_id, before)
-    if saved is not None:
-        runtime.runtime_of(client_id).store.load_state_dict(saved)
-    return runtime, client_id, weights, config
+    return client_runtime(side, context, config, client_id, before), client_id, weights, config, side
 
 
 def _state_folder(context: Context, config: ConfigRecord, client_id: int) -> Path:
@@ -163,7 +170,7 @@ def query(message: Message, context: Context) -> Message:
 
 @client_app.train()
 def train(message: Message, context: Context) -> Message:
-    runtime, client_id, weights, config = _runtime(message, context)
+    runtime, client_id, weights, config, side = _runtime(message, context)
     ids = torch.tensor([client_id])
     purpose = str(config["purpose"])
     broadcast = None
@@ -173,7 +180,7 @@ def train(message: Message, context: Context) -> Message:
     steps = int(config["steps"]) if "steps" in config else None  # asked for besides the run's (novel clients)
     result = runtime.train(ids, weights.unsqueeze(0), int(config["round"]), purpose, steps, broadcast)
     if purpose == "local_training":  # the only training that changes a client's state
-        keep_state(runtime, client_id, context, config, node_client(context)[1])
+        keep_state(runtime, client_id, context, config, side)
     _remember(context, "rounds-trained")
     uploads = list(runtime.runtime_of(client_id).rule.upload_shapes()) if purpose == "local_training" else []
     return Message(protocol.train_reply(result.delta, result.metrics, client_id, uploads), reply_to=message)
@@ -181,7 +188,7 @@ def train(message: Message, context: Context) -> Message:
 
 @client_app.evaluate()
 def evaluate(message: Message, context: Context) -> Message:
-    runtime, client_id, weights, config = _runtime(message, context)
+    runtime, client_id, weights, config, _ = _runtime(message, context)
     scores = runtime.evaluate(torch.tensor([client_id]), weights.unsqueeze(0), int(config["round"]))
     _remember(context, "evaluations")
     return Message(RecordDict({"metrics": protocol.scores_record(scores)}), reply_to=message)

@@ -59,7 +59,7 @@ from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from graphfed import runs
 from graphfed.config import ConfigError, RunConfig, dump_config, read_yaml, validate_config
 from graphfed.flower import protocol
-from graphfed.flower.client import keep_state, node_client, saved_state
+from graphfed.flower.client import client_runtime, keep_state, node_client
 from graphfed.provenance import code_provenance
 from graphfed.runs import RunResult
 from graphfed.setup import Setup, build_setup
@@ -246,11 +246,7 @@ class SecureClient(NumPyClient):
         self.client_id, self.side = node_client(context)
 
     def _runtime(self, config: dict[str, Scalar], before: int) -> Any:
-        runtime = self.side.executor(int(config["seed"]), torch.tensor([self.client_id]))
-        saved = saved_state(self.context, self._state_config(config), self.client_id, before)
-        if saved is not None:
-            runtime.runtime_of(self.client_id).store.load_state_dict(saved)
-        return runtime
+        return client_runtime(self.side, self.context, self._state_config(config), self.client_id, before)
 
     def _state_config(self, config: dict[str, Scalar]) -> dict[str, Any]:
         # the client's state folder is named by the run: one SecAgg+ run per app folder, so its config names it

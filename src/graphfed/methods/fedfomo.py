@@ -32,8 +32,6 @@ class FedFomoOptions(MethodOptions):
 
 
 class FedFomoRule(ClientRule):
-    fuses_downloads = True
-
     def __init__(self, setting: ClientSetting, models: int) -> None:
         super().__init__(setting)
         self.models = models
