@@ -8,13 +8,18 @@
    (clients batched as a run's calibration chooses) against a sequential per-client loop (the PFLlib / FL-bench /
    Flower way) and the combined-batch floor (one network on every client's batch at once). The issue's targets:
    the pfl-research setting at >= 5x the loop and within 1.3x of the floor.
-3. **projection**: each section of ``benchmarks/suites/paper-gpu.yaml`` (its first method) runs 2 rounds with one
-   evaluation on the device; the time per run projected to the section's rounds (an upper bound: the real runs
-   evaluate every 10-20 rounds, the projection every 2).
+3. **projection**: each section of ``benchmarks/suites/paper-gpu.yaml`` (its first method) runs 3 rounds on the
+   device, evaluating after each; the first round plus the steady round times the rest is the projected time per
+   run (an upper bound: the real runs evaluate every 5-20 rounds, the projection every round).
+4. **determinism**: a few methods twice with ``train.deterministic`` on and twice off on the device: whether the
+   repeats agree bit for bit, what determinism costs in time, and the test score of a ``train.precision: bf16`` run
+   beside the fp32 one.
 
-Writes ``benchmarks/results/gpu.json`` with the device's name and the torch / CUDA versions. On a machine without
-the device it says so in one line and exits 0. ``--device cpu --quick`` runs a shrunken version of every part on the
-CPU (what the test suite does, so the script cannot rot where no GPU is at hand).
+Parts run in the order ``--parts`` names them, and the JSON is rewritten after every row, so a run cut short keeps
+what it measured. Writes ``benchmarks/results/gpu.json`` with the device's name, the torch / CUDA versions and the
+code that measured. On a machine without the device it says so in one line and exits 0. ``--device cpu --quick``
+runs a shrunken version of every part on the CPU (what the test suite does, so the script cannot rot where no GPU
+is at hand).
 
     .venv/bin/python benchmarks/gpu.py                      # writes benchmarks/results/gpu.json
 """
@@ -24,6 +29,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,7 +42,9 @@ from graphfed.client.contract import LocalTraining, plain_sgd
 from graphfed.client.placement import resolve_device
 from graphfed.config import apply_overrides, validate_config
 from graphfed.core.params import ParamSpec
-from graphfed.errors import ConfigError
+from graphfed.errors import ConfigError, DataMissingError
+from graphfed.provenance import code_provenance
+from graphfed.runs import RoundLog, atomic_write_text
 from graphfed.sim.engine import Simulator
 from graphfed.suites import load_suite, suite_cells
 
@@ -48,6 +57,9 @@ from golden_runs import KEYS, config_of, methods  # noqa: E402
 RESULTS = HERE / "results"
 PARITY_RTOL, PARITY_ATOL = 1e-2, 1e-3
 QUICK_METHODS = ("fedavg", "panacea", "fedaghn")
+#: a convolution with BatchNorm (cuDNN's algorithm choice), a hypernetwork with a GNN, attention over clients
+DETERMINISM_METHODS = ("fedbn", "panacea", "fedaghn", "flha-ghn")
+PARTS = ("parity", "throughput", "projection", "determinism")
 
 
 def close(a: float | None, b: float | None) -> bool:
@@ -56,21 +68,51 @@ def close(a: float | None, b: float | None) -> bool:
     return abs(a - b) <= PARITY_ATOL + PARITY_RTOL * abs(b)
 
 
-def parity(device: torch.device, quick: bool) -> list[dict[str, Any]]:
-    rows = []
+def golden_run(method: str, **train: Any) -> dict[str, Any]:
+    """``method``'s tiny golden config with ``train`` options set, run; its summary as JSON."""
+    config = config_of(method)
+    return Simulator(validate_config({**config, "train": {**config["train"], **train}}),
+                     progress=False).run().to_json()
+
+
+def compared(reference: dict[str, Any], other: dict[str, Any]) -> list[str]:
+    return [key for key in KEYS if key not in ("bytes_up", "bytes_down", "num_params")
+            and not close(other.get(key), reference.get(key))]
+
+
+def parity(device: torch.device, quick: bool, record: Callable[[dict[str, Any]], None]) -> None:
     for method in QUICK_METHODS if quick else methods():
-        summaries = {}
-        for where in ("cpu", str(device)):
-            config = validate_config({**config_of(method), "train": {**config_of(method)["train"], "device": where}})
-            summaries[where] = Simulator(config, progress=False).run().to_json()
-        cpu, other = summaries["cpu"], summaries[str(device)]
-        differing = [key for key in KEYS if key not in ("bytes_up", "bytes_down", "num_params")
-                     and not close(other.get(key), cpu.get(key))]
-        rows.append({"method": method, "cpu_test_mean": cpu["test_mean"], "device_test_mean": other["test_mean"],
-                     "differing_fields": differing, "ok": not differing})
+        try:
+            cpu, other = golden_run(method, device="cpu"), golden_run(method, device=str(device))
+        except Exception as error:  # one method breaking on the device must not hide the others' parity
+            record({"method": method, "ok": False, "error": "".join(traceback.format_exception_only(error)).strip()})
+            print(f"parity {method:14s} FAILED: {error}", flush=True)
+            continue
+        differing = compared(cpu, other)
+        record({"method": method, "cpu_test_mean": cpu["test_mean"], "device_test_mean": other["test_mean"],
+                "differing_fields": differing, "ok": not differing})
         print(f"parity {method:14s} cpu {cpu['test_mean']} {device} {other['test_mean']} "
               f"{'ok' if not differing else 'DIFFERS: ' + ', '.join(differing)}", flush=True)
-    return rows
+
+
+def determinism(device: torch.device, quick: bool, record: Callable[[dict[str, Any]], None]) -> None:
+    """Each method twice with ``train.deterministic`` on and twice off: are the repeats equal bit for bit (every
+    summary field), what does determinism cost, and how far is a bf16 run from the fp32 one."""
+    for method in DETERMINISM_METHODS[:1] if quick else DETERMINISM_METHODS:
+        runs = {mode: [golden_run(method, device=str(device), deterministic=mode == "deterministic")
+                       for _ in range(2)] for mode in ("deterministic", "default")}
+        bf16 = golden_run(method, device=str(device), precision="bf16")
+        fields = [key for key in KEYS if key not in ("bytes_up", "bytes_down")]
+        row = {"method": method,
+               **{f"{mode}_repeat_equal": all(first.get(key) == second.get(key) for key in fields)
+                  for mode, (first, second) in runs.items()},
+               **{f"{mode}_seconds": min(run["wall_seconds"] for run in pair) for mode, pair in runs.items()},
+               "fp32_test_mean": runs["default"][0]["test_mean"], "bf16_test_mean": bf16["test_mean"]}
+        record(row)
+        print(f"determinism {method:10s} repeats equal: deterministic {row['deterministic_repeat_equal']}, "
+              f"default {row['default_repeat_equal']}; {row['deterministic_seconds']:.2f} s vs "
+              f"{row['default_seconds']:.2f} s; test fp32 {row['fp32_test_mean']:.4f} bf16 "
+              f"{row['bf16_test_mean']:.4f}", flush=True)
 
 
 def throughput(device: torch.device, quick: bool, repeats: int) -> dict[str, Any]:
@@ -113,25 +155,36 @@ def measure_workload(work: cnn_throughput.Workload, device: torch.device, repeat
     return result
 
 
-def projection(device: torch.device, quick: bool) -> list[dict[str, Any]]:
+def projection(device: torch.device, quick: bool, sections: list[str] | None,
+               record: Callable[[dict[str, Any]], None]) -> None:
+    """Three rounds of each section's first method, evaluated every round: the first round (CUDA's warm-up and
+    cuDNN's algorithm search land there) and the steady round after it, projected to the section's rounds. A
+    section whose data this machine lacks is recorded as skipped, with the reason."""
     suite = load_suite(HERE / "suites" / "paper-gpu.yaml")
-    rows = []
     for key, section in suite.datasets.items():
-        if quick and key != "panacea-metr-la":
+        if (quick and key != "panacea-metr-la") or (sections and key not in sections):
             continue
         cell = next(cell for cell in suite_cells(suite, [key], [section.methods[0]], seeds=1))
-        overrides = ["train.rounds=2", "train.eval_every=2", "train.checkpoint_every=2", f"train.device={device}"]
+        rounds = cell.config.train.rounds
+        row: dict[str, Any] = {"section": key, "method": cell.method, "rounds": rounds, "quick": quick}
+        overrides = ["train.rounds=3", "train.eval_every=1", "train.checkpoint_every=3", f"train.device={device}"]
         if quick:
             overrides += ["train.local_steps=2", "train.novel_adapt_rounds=1"]
         config = validate_config(apply_overrides(cell.config.model_dump(mode="json", exclude_unset=True), overrides))
-        result = Simulator(config, progress=False).run()
-        per_round = result.wall_seconds / 2
-        rows.append({"section": key, "method": cell.method, "rounds": cell.config.train.rounds,
-                     "seconds_per_round": per_round, "projected_minutes": per_round * cell.config.train.rounds / 60,
-                     "quick": quick})
-        print(f"projection {key} ({cell.method}): {per_round:.2f} s per round -> "
-              f"{rows[-1]['projected_minutes']:.1f} min for {cell.config.train.rounds} rounds", flush=True)
-    return rows
+        try:
+            with tempfile.TemporaryDirectory() as out_dir:
+                Simulator(config, out_dir, progress=False).run()
+                walls = [entry["wall_seconds"] for entry in RoundLog(Path(out_dir)).read()]
+        except DataMissingError as error:
+            record({**row, "skipped": str(error).split(";")[0]})
+            print(f"projection {key}: skipped ({str(error).split(';')[0]})", flush=True)
+            continue
+        steady = (walls[2] - walls[0]) / 2  # a round plus its evaluation, once warm
+        row.update(first_round_seconds=walls[0], seconds_per_round=steady,
+                   projected_minutes=(walls[0] + steady * (rounds - 1)) / 60)
+        record(row)
+        print(f"projection {key} ({cell.method}): first round {walls[0]:.2f} s, then {steady:.2f} s per round -> "
+              f"{row['projected_minutes']:.1f} min for {rounds} rounds", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,9 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", help="the device to measure (default cuda)")
     parser.add_argument("--quick", action="store_true", help="a shrunken version of every part (smoke test)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--parts", default="parity,throughput,projection")
+    parser.add_argument("--parts", default=",".join(PARTS), help="which parts, in which order (default: all)")
+    parser.add_argument("--sections", default="", help="projection: these paper-gpu.yaml sections only")
     parser.add_argument("--out", type=Path, default=RESULTS / "gpu.json")
     args = parser.parse_args(argv)
+    parts = args.parts.split(",")
+    if unknown := set(parts) - set(PARTS):
+        parser.error(f"unknown part(s) {', '.join(sorted(unknown))} (choose from {', '.join(PARTS)})")
     try:
         device = resolve_device(args.device)
     except ConfigError as error:
@@ -149,19 +206,36 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     result: dict[str, Any] = {
         "benchmark": "gpu", "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
-        "torch": torch.__version__, "cuda": torch.version.cuda, "quick": args.quick,
+        "torch": torch.__version__, "cuda": torch.version.cuda, "quick": args.quick, "code": code_provenance(),
         "parity_tolerance": {"rtol": PARITY_RTOL, "atol": PARITY_ATOL}}
-    parts = args.parts.split(",")
-    if "parity" in parts:
-        result["parity"] = parity(device, args.quick)
-    if "throughput" in parts:
-        result["throughput"] = throughput(device, args.quick, args.repeats)
-    if "projection" in parts:
-        result["projection"] = projection(device, args.quick)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"-> {args.out}")
-    return 0
+
+    def save() -> None:  # after every row: a run cut short still leaves what it measured
+        atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
+
+    def appender(part: str) -> Callable[[dict[str, Any]], None]:
+        def record(row: dict[str, Any]) -> None:
+            result.setdefault(part, []).append(row)
+            save()
+        return record
+
+    failed = []
+    for part in parts:  # in the order given; a part that breaks is recorded and the next one still runs
+        try:
+            if part in ("parity", "determinism"):
+                (parity if part == "parity" else determinism)(device, args.quick, appender(part))
+            elif part == "throughput":
+                result["throughput"] = throughput(device, args.quick, args.repeats)
+            else:
+                projection(device, args.quick, args.sections.split(",") if args.sections else None,
+                           appender("projection"))
+        except Exception as error:  # a lease is short: measure what still works, name what broke
+            failed.append(part)
+            result.setdefault("errors", {})[part] = "".join(traceback.format_exception_only(error)).strip()
+            traceback.print_exc()
+        save()
+    print(f"-> {args.out}" + (f" (failed: {', '.join(failed)})" if failed else ""))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

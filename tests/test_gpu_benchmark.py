@@ -41,4 +41,8 @@ def test_the_quick_cpu_run_measures_parity_throughput_and_projection(tmp_path: P
         assert cell["graphfed_over_loop"] == cell["best_seconds"]["loop"] / cell["best_seconds"]["graphfed"]
     (row,) = result["projection"]
     assert row["section"] == "panacea-metr-la" and row["rounds"] == 800
-    assert row["projected_minutes"] == row["seconds_per_round"] * 800 / 60 > 0
+    assert row["projected_minutes"] == (row["first_round_seconds"] + row["seconds_per_round"] * 799) / 60 > 0
+    assert result["code"]["code_id"]
+    (row,) = result["determinism"]  # on the CPU both modes repeat exactly; bf16 autocast changes the numbers
+    assert row["method"] == "fedbn" and row["deterministic_repeat_equal"] and row["default_repeat_equal"]
+    assert row["bf16_test_mean"] != row["fp32_test_mean"]
