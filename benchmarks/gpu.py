@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--parts", default=",".join(PARTS), help="which parts, in which order (default: all)")
     parser.add_argument("--sections", default="", help="projection: these paper-gpu.yaml sections only")
+    parser.add_argument("--note", default="", help="stored in the JSON (e.g. what data the machine held)")
     parser.add_argument("--out", type=Path, default=RESULTS / "gpu.json")
     args = parser.parse_args(argv)
     parts = args.parts.split(",")
@@ -207,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "benchmark": "gpu", "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
         "torch": torch.__version__, "cuda": torch.version.cuda, "quick": args.quick, "code": code_provenance(),
+        "note": args.note,
         "parity_tolerance": {"rtol": PARITY_RTOL, "atol": PARITY_ATOL}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
