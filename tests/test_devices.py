@@ -1,10 +1,11 @@
 """Device placement (``train.device``): what a CPU-only machine can check.
 
 Runtime code creates every tensor on a named device (the data's or weights', or the host for bookkeeping).
-``DevicelessFactoryAudit`` sends a tensor created without ``device=`` to the ``meta`` device, so the first
-operation that meets a real tensor fails: the same code on a GPU would have mixed a CPU tensor into a CUDA run.
-Every registered method (two rounds, an evaluation, novel-client adaptation) and every registered model (the
-training, evaluation and feedback kernels) runs under it.
+``HostDeviceAudit`` tells host tensors (client ids, masks, counts) from the run's (data, weights, server state) on
+the CPU and fails an operation that mixes them, where a GPU would have failed. Every registered method (built, two
+rounds, an evaluation, novel-client adaptation) and every registered model (the training, evaluation and feedback
+kernels) runs under it. It found, before any GPU run did, every method that the first GPU run of
+``benchmarks/gpu.py`` saw fail.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from conftest import model_client_data
 from golden_runs import config_of
 from graphfed.cli import app
 from graphfed.client.contract import ClientRule, ClientSetting, LocalTraining
+from graphfed.client.device_audit import DeviceMixError, HostDeviceAudit
 from graphfed.client.evaluation import evaluate_clients
-from graphfed.client.placement import DevicelessFactoryAudit, resolve_device
+from graphfed.client.placement import resolve_device
 from graphfed.client.training import train_clients, validation_feedback
 from graphfed.config import ConfigError, RunConfig, load_config, validate_config
 from graphfed.core.params import ParamSpec
@@ -35,8 +37,8 @@ COUNTS = (30, 9, 0)  # a client without rows too
 
 
 def _rounds_under_audit(method: str) -> None:
-    simulator = Simulator(validate_config(config_of(method)), progress=False)
-    with DevicelessFactoryAudit():
+    with HostDeviceAudit():
+        simulator = Simulator(validate_config(config_of(method)), progress=False)
         simulator.run_round(0)
         simulator.run_round(1)
         simulator.evaluate(1)
@@ -50,7 +52,7 @@ def test_every_method_creates_its_tensors_on_a_named_device(method: str) -> None
 
 def test_the_audit_catches_a_tensor_made_without_a_device(monkeypatch: pytest.MonkeyPatch) -> None:
     """A server step that makes a tensor without naming its device (here FedAvg adding zeros(dim) to its update)
-    fails under the audit, naming the mix of devices."""
+    fails under the audit, naming the operation and the shapes: on a GPU the zeros would be on the CPU."""
     update = FedAvg.update
 
     def careless(self: FedAvg, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
@@ -58,8 +60,30 @@ def test_the_audit_catches_a_tensor_made_without_a_device(monkeypatch: pytest.Mo
         update(self, client_ids, sent, delta + torch.zeros(delta.shape[1]), metrics)
 
     monkeypatch.setattr(FedAvg, "update", careless)
-    with pytest.raises(RuntimeError, match="meta"):
+    with pytest.raises(DeviceMixError, match=r"add: mixes host \(CPU\) tensor\(s\) \(1482,\) with run-device"):
         _rounds_under_audit("fedavg")
+
+
+def test_the_audit_catches_host_masks_and_indices_meeting_run_tensors() -> None:
+    """The mixes the first GPU run met: a mask made from host client ids in ``torch.where`` over run tensors, a host
+    tensor indexed by a run mask, and a random draw on the run's device (different numbers on a GPU). Indexing run
+    tensors by host ids, 0-dim host scalars and host-only arithmetic stay allowed, as on a GPU."""
+    device = torch.device("cpu")  # what resolve_device gives a CPU run: the run's device
+    with HostDeviceAudit():
+        weights = torch.ones(3, 4, device=device)
+        client_ids = torch.arange(3, device="cpu")
+        fresh = client_ids == 1  # host
+        with pytest.raises(DeviceMixError, match="where: mixes host"):
+            torch.where(fresh.view(-1, 1), weights, 2 * weights)
+        assert torch.where(fresh.to(device).view(-1, 1), weights, 2 * weights)[1, 0] == 1
+        with pytest.raises(DeviceMixError, match="host \\(CPU\\) tensor \\(3,\\) indexed by"):
+            client_ids[weights.sum(1) > 0]
+        assert weights[client_ids[:2]].shape == (2, 4)  # run tensor, host indices: fine on a GPU too
+        assert float(weights.sum() * torch.tensor(2.0)) == 24.0  # a 0-dim host scalar
+        with pytest.raises(DeviceMixError, match="random draw on the run's device"):
+            torch.randn(3, device=device)
+        with pytest.raises(DeviceMixError, match="numpy"):
+            weights.numpy()
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -71,7 +95,7 @@ def test_every_model_trains_and_scores_on_a_named_device(name: str) -> None:
     start = spec.flatten_module(model).unsqueeze(0).repeat(len(COUNTS), 1)
     training = LocalTraining(2, 4, 0.05, "val_loss_pair")
     rule = ClientRule(ClientSetting(spec, model.head_names, fed.task, fed.output_dim, training), prox_mu=0.1)
-    with DevicelessFactoryAudit():
+    with HostDeviceAudit():
         trained = train_clients(model, spec, start, split, rule, [1, 2, 3]).trained
         scores = evaluate_clients(model, spec, trained, split, fed.task)
         feedback = validation_feedback(model, spec, trained, split, fed.task, training, [4, 5, 6])

@@ -19,7 +19,7 @@ from graphfed.attacks.defenses import SimpleTuning
 from graphfed.client.autotune import choose_clients_per_chunk
 from graphfed.client.contract import ClientRule, ClientSetting, LocalTraining
 from graphfed.client.executor import ArchitectureRuntime, ClientExecutor, ClientRuntime, ClientStateStore
-from graphfed.client.placement import resolve_device
+from graphfed.client.placement import HostRandomDraws, resolve_device
 from graphfed.client.privacy import PrivacyPlan, plan_privacy
 from graphfed.config import RunConfig
 from graphfed.core import rng
@@ -238,7 +238,9 @@ def build_setup(config: RunConfig, federation: Federation | None = None) -> Setu
         client_graph=clients.federation.client_graph, task=fed.task, seed=rng.stream_seed(config.seed, 0, "method"),
         head=() if clients.family is not None else clients.model.head_names, architectures=clients.family,
         device=device)
-    with torch.device(device):  # what the method creates without naming a device lands on the run's device
+    # what the method creates without naming a device lands on the run's device; its random initial values are
+    # drawn on the host, so a GPU run starts from the CPU run's numbers
+    with torch.device(device), HostRandomDraws():
         server = method.cls(context, method.options)
     return Setup(config, clients, server)
 

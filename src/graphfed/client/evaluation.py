@@ -90,7 +90,7 @@ class ClientScores:
     def select(self, index: torch.Tensor) -> ClientScores:
         return ClientScores(*(getattr(self, name)[index] for name in SCORE_FIELDS))
 
-    def to(self, device: torch.device) -> ClientScores:
+    def to(self, device: torch.device | str) -> ClientScores:
         return ClientScores(*(getattr(self, name).to(device) for name in SCORE_FIELDS))
 
     @staticmethod

@@ -222,7 +222,7 @@ class ClientRuntime(ClientExecutor):
         if fresh.all() or not initial:
             return initial
         stored = self.store.get(client_ids)
-        return {name: torch.where(fresh.view(-1, *[1] * (value.ndim - 1)), value, stored[name])
+        return {name: torch.where(fresh.to(value.device).view(-1, *[1] * (value.ndim - 1)), value, stored[name])
                 for name, value in initial.items()}
 
     def evaluation_weights(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int) -> torch.Tensor:
@@ -265,13 +265,13 @@ class ClientRuntime(ClientExecutor):
         # scores go back to the host: the round loop's bookkeeping (means, masks by client) lives there
         return {split: evaluate_clients(model, spec, weights,
                                         getattr(self.federation, split).select(client_ids), self.federation.task,
-                                        forward=forward, precision=self.training.precision).to(torch.device("cpu"))
+                                        forward=forward, precision=self.training.precision).to("cpu")
                 for split in self.federation.evaluation_splits}
 
     def _rule_forward(self, client_ids: torch.Tensor) -> Callable[[Weights, torch.Tensor, torch.Tensor], torch.Tensor]:
         """Predictions of the rule's ``eval_forward`` for clients that trained, the model's for the others."""
-        trained = self.store.has_trained(client_ids)
         train = self.federation.train.select(client_ids)
+        trained = self.store.has_trained(client_ids).to(train.x.device)  # indexed by the blocks' owners, on the device
         state = self.store.get(client_ids)  # gathered once, indexed per chunk
 
         def forward(weights: Weights, x: torch.Tensor, owners: torch.Tensor) -> torch.Tensor:

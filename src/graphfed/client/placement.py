@@ -1,8 +1,10 @@
 """Where a run's tensors live (``train.device``), resolved once; the one place graphfed names a device.
 
-Runtime code creates every tensor with an explicit ``device=``: the device of the data or weights it works on, or
-``"cpu"`` for host bookkeeping (client ids, row counts, seeded CPU generators, whose draws are the same on every
-device). :class:`DevicelessFactoryAudit` is how tests hold code to that rule on a machine without an accelerator.
+Runtime code creates a run tensor with ``device=`` the device of the data or weights it works on, and says
+``"cpu"`` (the string) for host bookkeeping: client ids, masks by client, row counts, draws from seeded CPU
+generators (the same numbers on every device). :class:`graphfed.client.device_audit.HostDeviceAudit` is how tests
+hold code to that rule on a machine without an accelerator, and :class:`HostRandomDraws` keeps random initial
+values the same on every device.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -81,22 +83,42 @@ def _cuda_build() -> str:
     return f"built with CUDA {built}, no GPU visible" if built else "a CPU-only build"
 
 
-class DevicelessFactoryAudit(TorchFunctionMode):
-    """Within it, a tensor factory called without ``device=`` makes its tensor on the ``meta`` device, where no
-    real tensor lives: the first operation that meets a real tensor fails and names the mix. On a machine with
-    only a CPU this is how a test finds code that would create a tensor on the CPU beside a GPU run's tensors.
-    ``*_like`` factories and tensors made from others follow their inputs and are not touched."""
+#: random factories and in-place draws: on a GPU they would use the device's generator, whose numbers differ from
+#: the CPU's for the same seed
+RANDOM_FACTORIES: frozenset[Any] = frozenset({
+    torch.rand, torch.randn, torch.randint, torch.randperm, torch.normal, torch.bernoulli, torch.multinomial,
+    torch.poisson, torch.rand_like, torch.randn_like, torch.randint_like})
+RANDOM_IN_PLACE: frozenset[Any] = frozenset({
+    torch.Tensor.uniform_, torch.Tensor.normal_, torch.Tensor.bernoulli_, torch.Tensor.random_,
+    torch.Tensor.exponential_, torch.Tensor.geometric_, torch.Tensor.log_normal_, torch.Tensor.cauchy_})
 
-    FACTORIES: ClassVar[frozenset[Any]] = frozenset({
-        torch.zeros, torch.ones, torch.empty, torch.full, torch.arange, torch.rand, torch.randn, torch.randint,
-        torch.randperm, torch.tensor, torch.eye, torch.linspace, torch.as_tensor})
+
+class HostRandomDraws(TorchFunctionMode):
+    """Random draws without a generator happen on the host (from the CPU's seeded generator) and are moved to the
+    device: a method's initial weights (``nn.init``, ``torch.randn``) are then the same numbers on every device,
+    so a GPU run starts where the CPU run starts."""
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = dict(kwargs or {})
-        if func in self.FACTORIES and kwargs.get("device") is None:
-            kwargs["device"] = "meta"
+        if kwargs.get("generator") is not None:
+            return func(*args, **kwargs)
+        # on every device, CPU runs included: the same code path wherever the run is (the copy costs little once)
+        if func in RANDOM_IN_PLACE:
+            target = args[0]
+            host = torch.empty(target.shape, dtype=target.dtype, device="cpu")
+            func(host, *args[1:], **kwargs)
+            with torch.no_grad():
+                target.copy_(host)
+            return target
+        if func in RANDOM_FACTORIES:
+            like = args[0] if args and isinstance(args[0], torch.Tensor) and func.__name__.endswith("_like") else None
+            device = kwargs.get("device") or (like.device if like is not None else torch.get_default_device())
+            kwargs["device"] = "cpu"
+            host_args = tuple(arg.cpu() if isinstance(arg, torch.Tensor) else arg for arg in args)
+            return func(*host_args, **kwargs).to(device)
         return func(*args, **kwargs)
 
 
-__all__ = ["DEVICE_CHOICES", "DevicelessFactoryAudit", "autocast", "deterministic_algorithms", "resolve_device"]
+__all__ = ["DEVICE_CHOICES", "RANDOM_FACTORIES", "RANDOM_IN_PLACE", "HostRandomDraws", "autocast",
+           "deterministic_algorithms", "resolve_device"]

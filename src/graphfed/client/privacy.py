@@ -119,7 +119,7 @@ def clip_rows(delta: torch.Tensor, clip_norm: float) -> torch.Tensor:
     return delta * torch.clamp(clip_norm / norms.clamp_min(torch.finfo(delta.dtype).tiny), max=1.0)
 
 
-def gaussian_noise(shape: tuple[int, ...], std: float, seed: int, device: torch.device) -> torch.Tensor:
+def gaussian_noise(shape: tuple[int, ...], std: float, seed: int, device: torch.device | str) -> torch.Tensor:
     """``N(0, std^2)`` per value from a seeded stream, drawn on the host (the same numbers on every device)."""
     generator = torch.Generator(device="cpu").manual_seed(seed)
     return (torch.randn(shape, generator=generator, device="cpu") * std).to(device)
@@ -159,7 +159,7 @@ def next_clip(delta: torch.Tensor, clip_norm: float, plan: PrivacyPlan, expected
     assert plan.adaptive_quantile is not None and plan.quantile_noise is not None
     within = (torch.linalg.vector_norm(delta, dim=1) <= clip_norm).to(torch.float64) - 0.5
     noise = gaussian_noise((1,), plan.quantile_noise, rng.stream_seed(seed, round_index, "clip_quantile"),
-                           torch.device("cpu")).double() if plan.noise_multiplier > 0 else torch.zeros(1)
+                           "cpu").double() if plan.noise_multiplier > 0 else torch.zeros(1, device="cpu")
     share = float((within.sum().cpu() + noise[0]) / expected_clients) + 0.5
     return clip_norm * math.exp(-plan.clip_learning_rate * (share - plan.adaptive_quantile))
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from abc import abstractmethod
 
 import torch
+import torch.nn.functional as F
 
 from graphfed.core.memory import check_fits
 from graphfed.core.mixing import layer_bounds, mix_layers
@@ -43,6 +44,11 @@ class PersonalizedAggregation(Method):
     @abstractmethod
     def mixing(self, client_ids: torch.Tensor) -> torch.Tensor:
         """``[L, S, N]`` row-stochastic mixing weights of ``client_ids`` over all clients (may carry grad)."""
+
+    def is_self(self, client_ids: torch.Tensor) -> torch.Tensor:
+        """``[S, N]`` bool on the server's device: column j of row i is client i itself (``client_ids`` are host
+        bookkeeping; the mask meets the server's tensors)."""
+        return F.one_hot(client_ids.to(self.has_trained.device), self.context.num_clients).bool()
 
     def personalize(self, client_ids: torch.Tensor) -> torch.Tensor:
         return mix_layers(self.trained_mixing(client_ids), self.client_weights, self.context.spec)
@@ -72,7 +78,7 @@ class PersonalizedAggregation(Method):
     @torch.no_grad()
     def eval_weights(self, client_ids: torch.Tensor) -> torch.Tensor:
         weights = self.client_weights[client_ids].clone()
-        untrained = ~self.has_trained[client_ids]
+        untrained = ~self.has_trained[client_ids].cpu()  # host: it picks client ids as well as weight rows
         if untrained.any():  # mixing rows are per client: a chunk at a time keeps memory O(chunk x N)
             weights[untrained] = torch.cat([self.personalize(chunk)
                                             for chunk in client_ids[untrained].split(MIXING_ROWS_PER_CALL)])

@@ -59,11 +59,10 @@ class CFL(PersonalizedAggregation):
         self.cluster_of = torch.zeros(context.num_clients, dtype=torch.long)
 
     def mixing(self, client_ids: torch.Tensor) -> torch.Tensor:
-        n = self.context.num_clients
         same = self.cluster_of[client_ids].unsqueeze(1) == self.cluster_of.unsqueeze(0)  # [S, N]
         members = same & self.has_trained.unsqueeze(0)
         alone = ~members.any(dim=1, keepdim=True)  # nobody in the cluster trained yet: keep its own model
-        members = members | (alone & F.one_hot(client_ids, n).bool())
+        members = members | (alone & self.is_self(client_ids))
         rows = members.to(torch.float32)
         rows = rows / rows.sum(dim=1, keepdim=True)
         return rows.unsqueeze(0).expand(self.num_layers, -1, -1)

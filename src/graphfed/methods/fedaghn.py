@@ -76,7 +76,7 @@ class FedAGHN(PersonalizedAggregation):
         n = self.context.num_clients
         if self.rounds_seen == 0:
             return torch.full((self.num_layers, len(client_ids), n), 1.0 / n, device=self.self_strength.device)
-        is_self = F.one_hot(client_ids, n).bool()  # [S, N]
+        is_self = self.is_self(client_ids)  # [S, N]
         layers = []
         for r, (lo, hi) in enumerate(layer_bounds(self.context.spec)):
             updates = F.normalize(self.latest_delta[:, lo:hi], dim=1)

@@ -44,8 +44,7 @@ class HFedAMPOptions(MethodOptions):
 
 def _others(method: PersonalizedAggregation, client_ids: torch.Tensor) -> torch.Tensor:
     """``[S, N]`` bool: the clients j != i that have trained, the candidates of message passing."""
-    is_self = F.one_hot(client_ids, method.context.num_clients).bool()
-    return method.has_trained.unsqueeze(0) & ~is_self
+    return method.has_trained.unsqueeze(0) & ~method.is_self(client_ids)
 
 
 class FedAMP(PersonalizedAggregation):
@@ -68,7 +67,7 @@ class FedAMP(PersonalizedAggregation):
         others = _others(self, client_ids)
         xi = torch.where(others, opts.alpha_k / opts.sigma * torch.exp(-squared / opts.sigma), 0.0)
         xi = xi / xi.sum(dim=1, keepdim=True).clamp_min(1.0)  # keep xi_ii >= 0
-        is_self = F.one_hot(client_ids, self.context.num_clients).to(xi.dtype)
+        is_self = self.is_self(client_ids).to(xi.dtype)
         return xi + is_self * (1.0 - xi.sum(dim=1, keepdim=True))
 
     def mixing(self, client_ids: torch.Tensor) -> torch.Tensor:
@@ -91,5 +90,5 @@ class HFedAMP(FedAMP):
         has_others = others.any(dim=1, keepdim=True)
         shares = torch.softmax(logits.masked_fill(~has_others, 0.0), dim=1).masked_fill(~others, 0.0)
         self_weight = torch.where(has_others, self.options.self_weight, 1.0)  # alone: keep its own model
-        is_self = F.one_hot(client_ids, self.context.num_clients).to(shares.dtype)
+        is_self = self.is_self(client_ids).to(shares.dtype)
         return (1.0 - self_weight) * shares + self_weight * is_self

@@ -100,7 +100,8 @@ class GeneratedWeightsRule(ClientRule):
         rows = torch.nonzero(trained).flatten()
         if not self.refine_epochs or not len(rows):
             return architecture, spec, weights
-        steps = epoch_steps(train.counts[rows], self.refine_epochs, self.setting.training.batch_size)
+        # on the host, beside the client rows it groups
+        steps = epoch_steps(train.counts[rows], self.refine_epochs, self.setting.training.batch_size).cpu()
         for count in steps.unique().tolist():  # one epoch of each client's own data, whoever it trains beside
             group = rows[steps == count]
             training = replace(self.setting.training, steps=count, lr=self.refine_lr or self.setting.training.lr,

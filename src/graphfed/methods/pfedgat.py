@@ -149,6 +149,7 @@ class PFedGAT(PersonalizedAggregation):
         if self.options.feedback == "gradient":
             return feedback
         dim = self.context.spec.dim
-        directions = torch.stack([unit_direction(int(seed), dim) for seed in metrics["feedback_seed"]])
+        directions = torch.stack([unit_direction(int(seed), dim)
+                                  for seed in metrics["feedback_seed"]]).to(feedback.device)
         slope = (feedback[:, 0] - feedback[:, 1]) / (2 * self.options.zo_mu)
         return dim * slope.unsqueeze(1) * directions

@@ -67,7 +67,7 @@ class PFedGraph(PersonalizedAggregation):
         """``[S, N]`` solved weights of ``client_ids`` (rows on the simplex over the trained clients)."""
         allowed = self.has_trained.unsqueeze(0).expand(len(client_ids), -1)
         if not self.has_trained.any():
-            return F.one_hot(client_ids, self.context.num_clients).to(torch.float32)
+            return self.is_self(client_ids).to(torch.float32)
         counts = self.num_examples * self.has_trained
         p = counts / counts.sum()
         target = p.unsqueeze(0) + self.similarity(client_ids) / (2 * self.options.alpha)

@@ -29,7 +29,8 @@ on its layer.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -210,6 +211,17 @@ class GeneratedNetwork(TargetModel):
     @property
     def architecture(self) -> TargetModel:
         return self._architecture[0]
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> GeneratedNetwork:
+        """``.to(device)`` and friends move the plan's graph and the architecture too (both outside the module
+        tree): the GHN reads them beside its own weights."""
+        super()._apply(fn, recurse)
+        plan = self.plan
+        self.plan = replace(plan, features=fn(plan.features), edges=fn(plan.edges),
+                            nodes_by_type={index: (fn(rows), layers)
+                                           for index, (rows, layers) in plan.nodes_by_type.items()})
+        self.architecture._apply(fn, recurse)
+        return self
 
     @property
     def head_names(self) -> tuple[str, ...]:
