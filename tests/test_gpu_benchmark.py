@@ -35,6 +35,7 @@ def test_the_quick_cpu_run_measures_parity_throughput_and_projection(tmp_path: P
     # CPU against CPU: every field agrees (the same numbers, bit for bit, on one device)
     assert [row["method"] for row in result["parity"]] == ["fedavg", "panacea", "fedaghn"]
     assert all(row["ok"] and row["cpu_test_mean"] == row["device_test_mean"] for row in result["parity"])
+    assert all(row["first_round_relative_difference"] == 0.0 for row in result["parity"])
     for name in ("lenet-cifar10", "pfl-cifar10"):
         cell = result["throughput"][name]
         assert set(cell["best_seconds"]) == {"graphfed", "loop", "floor"}

@@ -5,8 +5,9 @@
 size and the device: a small MLP trains 6-15x faster all at once, while a convolutional model's activations
 outgrow the CPU's caches and one client at a time (chunk 1, which is a per-client loop) can win. So for models
 that declare a chunk size (the convolutional ones), a run starts with a short calibration: each candidate chunk
-size trains the run's own first clients (at most :data:`CALIBRATION_CLIENTS`) for :data:`CALIBRATION_STEPS` SGD
-steps of the run's batch size, and the fastest per client wins.
+size trains the run's own first clients (at most :data:`CALIBRATION_CLIENTS` on a CPU,
+:data:`ACCELERATOR_CALIBRATION_CLIENTS` on a GPU) for :data:`CALIBRATION_STEPS` SGD steps of the run's batch size,
+and the fastest per client wins (on a CPU the smallest of the near-fastest, on a GPU the largest).
 
 The choice is cached on disk (``$GRAPHFED_CACHE/autotune.json``) under a key of everything that changes the timing
 (model class, parameter count, input shape, batch size, device, threads, torch version, precision), so a machine
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 
 from graphfed.client.contract import ClientRule, plain_sgd
-from graphfed.client.training import train_clients
+from graphfed.client.training import train_clients, values_per_chunk
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import ClientSplit
 from graphfed.models.base import TargetModel
@@ -39,11 +40,15 @@ from graphfed.paths import user_cache_dir
 
 log = logging.getLogger(__name__)
 
-#: chunk sizes tried (those up to the number of clients trained at once, which is tried too)
+#: chunk sizes tried on a CPU (those up to the number of clients trained at once, which is tried too)
 CANDIDATES = (1, 2, 4, 8, 16)
-#: clients the calibration trains: up to this many of the run's first (a few seconds even for ResNets; rounds of
-#: more clients keep the best size found here, since chunks above 16 clients never won on the measured grid)
+#: clients the calibration trains on a CPU: up to this many of the run's first (a few seconds even for ResNets;
+#: rounds of more clients keep the best size found here, since chunks above 16 clients never won on the CPU grid)
 CALIBRATION_CLIENTS = 16
+#: on an accelerator batching more clients fills the device (the first GPU run chose 4 of 50 small-CNN clients
+#: from the CPU's candidates and trained at 1.4x a per-client loop): larger candidates, and ties go to the larger
+ACCELERATOR_CANDIDATES = (1, 4, 16, 64, 256)
+ACCELERATOR_CALIBRATION_CLIENTS = 256
 #: SGD steps each candidate is timed over (after one warm-up call); the best of two timings counts
 CALIBRATION_STEPS = 2
 CACHE_NAME = "autotune.json"
@@ -85,7 +90,10 @@ def choose_clients_per_chunk(model: TargetModel, spec: ParamSpec, data: ClientSp
     if pinned is not None:
         return ChunkChoice(pinned, "pinned", {})
     declared = model.clients_per_chunk
-    sample = min(clients_at_once, data.num_clients, CALIBRATION_CLIENTS)
+    on_cpu = data.x.device.type == "cpu"
+    most = min(CALIBRATION_CLIENTS if on_cpu else ACCELERATOR_CALIBRATION_CLIENTS,
+               max(1, values_per_chunk(data.x.device) // spec.dim))
+    sample = min(clients_at_once, data.num_clients, most)
     if declared is None or not autotune or sample <= 1:
         return ChunkChoice(declared, "model", {})
     cache_file = user_cache_dir() / CACHE_NAME if cache_file is None else cache_file
@@ -94,12 +102,15 @@ def choose_clients_per_chunk(model: TargetModel, spec: ParamSpec, data: ClientSp
     if cached is not None:
         return ChunkChoice(cached["clients_per_chunk"], "cached",
                            {int(size): seconds for size, seconds in cached["seconds_per_client"].items()})
+    candidates = CANDIDATES if on_cpu else ACCELERATOR_CANDIDATES
     timings = measure(model, spec, data.select(torch.arange(sample, device="cpu")), rule,
-                      sorted({size for size in CANDIDATES if size < sample} | {sample}))
-    # the smallest chunk within TOLERANCE of the fastest: two short steps cannot rank sizes whose costs differ by a
-    # few per cent, and smaller chunks are the safe side on a CPU (chunk 1 is the per-client loop)
+                      sorted({size for size in candidates if size < sample} | {sample}))
+    # among the chunks within TOLERANCE of the fastest (two short steps cannot rank sizes whose costs differ by a
+    # few per cent): the smallest on a CPU, where small chunks are the safe side (chunk 1 is the per-client loop);
+    # the largest on an accelerator, where more clients at once amortise the kernel launches
     fastest = min(timings.values())
-    best = min(size for size, seconds in timings.items() if seconds <= (1 + TOLERANCE) * fastest)
+    close = [size for size, seconds in timings.items() if seconds <= (1 + TOLERANCE) * fastest]
+    best = min(close) if on_cpu else max(close)
     log.info("%s: %d clients per chunk (measured per client: %s)", type(model).__name__, best,
              ", ".join(f"{size}: {seconds * 1e3:.1f} ms" for size, seconds in timings.items()))
     _write_cache(cache_file, key, {"clients_per_chunk": best,
@@ -129,7 +140,13 @@ def measure(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: Client
                 def once() -> None:
                     train_clients(model, spec, start, data, calibration, seeds)
 
-                once()  # warm-up: allocator, kernel selection
+                try:
+                    once()  # warm-up: allocator, kernel selection
+                except torch.OutOfMemoryError:  # this chunk does not fit the device: nor do larger ones
+                    if not timings:
+                        raise
+                    torch.cuda.empty_cache()
+                    break
                 timings[size] = min(synchronised_seconds(once, data.x.device) for _ in range(2)) / data.num_clients
         finally:
             model.clients_per_chunk = declared

@@ -43,8 +43,15 @@ def label_histogram(data: ClientSplit, num_classes: int) -> torch.Tensor:
     return counts.view(data.num_clients, num_classes)
 
 
-#: weights trained at once (clients x parameters): above it, clients train a chunk at a time
+#: weights trained at once (clients x parameters) on a CPU: above it, clients train a chunk at a time
 TRAINING_VALUES_PER_CHUNK = 4_000_000
+#: on an accelerator the bound is its memory, not a cache: 500 M values (2 GB per fp32 copy of a chunk's weights)
+ACCELERATOR_VALUES_PER_CHUNK = 500_000_000
+
+
+def values_per_chunk(device: torch.device) -> int:
+    """Weights (clients x parameters) one training call holds at once on ``device``."""
+    return TRAINING_VALUES_PER_CHUNK if device.type == "cpu" else ACCELERATOR_VALUES_PER_CHUNK
 
 
 def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data: ClientSplit, rule: ClientRule,
@@ -59,7 +66,7 @@ def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data
     """
     if start.shape != (data.num_clients, spec.dim):
         raise ValueError(f"start weights must be [{data.num_clients}, {spec.dim}], got {tuple(start.shape)}")
-    per_chunk = max(1, TRAINING_VALUES_PER_CHUNK // spec.dim)
+    per_chunk = max(1, values_per_chunk(start.device) // spec.dim)
     if model.clients_per_chunk is not None:
         per_chunk = min(per_chunk, model.clients_per_chunk)
     if data.num_clients > per_chunk:
