@@ -23,7 +23,7 @@ from graphfed.cli import app
 from graphfed.client.contract import ClientRule, ClientSetting, LocalTraining
 from graphfed.client.device_audit import DeviceMixError, HostDeviceAudit
 from graphfed.client.evaluation import evaluate_clients
-from graphfed.client.placement import resolve_device
+from graphfed.client.placement import HostRandomDraws, resolve_device
 from graphfed.client.training import train_clients, validation_feedback
 from graphfed.config import ConfigError, RunConfig, load_config, validate_config
 from graphfed.core.params import ParamSpec
@@ -212,3 +212,21 @@ def test_flower_app_prints_the_simulation_resources_of_the_config(tmp_path: Path
                                       "--set", "flower.client_gpus=0.25", "--set", "flower.client_cpus=2"])
     assert result.exit_code == 0, result.output
     assert "client-resources-num-cpus=2 client-resources-num-gpus=0.25" in " ".join(result.output.split())
+
+
+def test_host_random_draws_give_a_module_built_on_the_run_device_the_cpus_numbers() -> None:
+    """``nn.Linear`` / ``nn.Embedding`` built on the run's device draw their initial values through ``nn.init``,
+    whose nested ``uniform_`` a mode never sees: the audit refuses that draw (on a GPU it would use CUDA's
+    generator, and the first GPU run's hypernetworks started from other numbers than the CPU's), and under
+    ``HostRandomDraws`` the module gets exactly the numbers a CPU build draws from the same seed."""
+    torch.manual_seed(7)
+    reference = [torch.nn.Linear(5, 3), torch.nn.Embedding(4, 2)]
+    with HostDeviceAudit(), torch.device(torch.device("cpu")):  # the run's device, as resolve_device gives it
+        with pytest.raises(DeviceMixError, match="kaiming_uniform_: a random draw on the run's device"):
+            torch.nn.Linear(5, 3)
+        torch.manual_seed(7)
+        with HostRandomDraws():
+            built = [torch.nn.Linear(5, 3), torch.nn.Embedding(4, 2)]
+    for ours, theirs in zip(built, reference, strict=True):
+        for mine, expected in zip(ours.parameters(), theirs.parameters(), strict=True):
+            assert torch.equal(mine, expected)

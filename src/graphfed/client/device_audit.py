@@ -133,7 +133,9 @@ class HostDeviceAudit(TorchFunctionMode):
             return None
         if func in MOVES:
             return self._move(func, args, kwargs)
-        if func in RANDOM_IN_PLACE and runs and runs[0] is args[0] and kwargs.get("generator") is None:
+        target = args[0] if args else kwargs.get("tensor")  # nn.init passes tensor=
+        if func in RANDOM_IN_PLACE and kwargs.get("generator") is None and isinstance(target, torch.Tensor) \
+                and not isinstance(target, HostTensor):
             raise DeviceMixError(f"{name}: a random draw on the run's device without a generator (the CPU and a GPU "
                                  f"draw different numbers; draw on the host and copy the result over)")
         if not hosts:

@@ -15,6 +15,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
+from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from graphfed.errors import ConfigError
@@ -88,9 +89,14 @@ def _cuda_build() -> str:
 RANDOM_FACTORIES: frozenset[Any] = frozenset({
     torch.rand, torch.randn, torch.randint, torch.randperm, torch.normal, torch.bernoulli, torch.multinomial,
     torch.poisson, torch.rand_like, torch.randn_like, torch.randint_like})
+#: in-place draws into their first argument. ``nn.init``'s are listed too: a mode does not see the draws nested in a
+#: function it handles (``kaiming_uniform_`` calls ``uniform_`` with the mode off), so they are caught whole; the
+#: first GPU run's hypernetworks (``nn.Linear``, ``nn.Embedding``) started from CUDA's numbers for want of them
 RANDOM_IN_PLACE: frozenset[Any] = frozenset({
     torch.Tensor.uniform_, torch.Tensor.normal_, torch.Tensor.bernoulli_, torch.Tensor.random_,
-    torch.Tensor.exponential_, torch.Tensor.geometric_, torch.Tensor.log_normal_, torch.Tensor.cauchy_})
+    torch.Tensor.exponential_, torch.Tensor.geometric_, torch.Tensor.log_normal_, torch.Tensor.cauchy_,
+    nn.init.uniform_, nn.init.normal_, nn.init.trunc_normal_, nn.init.xavier_uniform_, nn.init.xavier_normal_,
+    nn.init.kaiming_uniform_, nn.init.kaiming_normal_, nn.init.orthogonal_, nn.init.sparse_})
 
 
 class HostRandomDraws(TorchFunctionMode):
@@ -105,9 +111,9 @@ class HostRandomDraws(TorchFunctionMode):
             return func(*args, **kwargs)
         # on every device, CPU runs included: the same code path wherever the run is (the copy costs little once)
         if func in RANDOM_IN_PLACE:
-            target = args[0]
+            target, rest = (args[0], args[1:]) if args else (kwargs.pop("tensor"), ())  # nn.init passes tensor=
             host = torch.empty(target.shape, dtype=target.dtype, device="cpu")
-            func(host, *args[1:], **kwargs)
+            func(host, *rest, **kwargs)
             with torch.no_grad():
                 target.copy_(host)
             return target
