@@ -358,7 +358,7 @@ def test_the_paper_report_tables_are_regenerated_from_the_committed_runs() -> No
 def test_the_gpu_suite_holds_the_papers_budgets_as_valid_cells() -> None:
     """``paper-gpu.yaml`` validates cell by cell (every method exists, every option parses) and holds the papers'
     budgets: FedAGHN's 200 rounds x 5 epochs on CNN-BN, Panacea's 800 rounds, FLHA-GHN at width 64; each section
-    states its expected time."""
+    states its measured or expected time."""
     from graphfed.setup import resolve_method
 
     suite = load_suite(PAPER.parent / "paper-gpu.yaml")
@@ -372,4 +372,6 @@ def test_the_gpu_suite_holds_the_papers_budgets_as_valid_cells() -> None:
     assert fedaghn.train.local_steps * fedaghn.train.batch_size >= 5 * 2000  # 5 epochs of ~2,100 images
     assert by_key["panacea-metr-la"].train.rounds == 800
     assert by_key["flha-ghn-cifar10"].model.options["width"] == 64
-    assert all("Expected about" in entry.description for entry in suite.datasets.values())
+    # each section's time per run: measured on an H100 (benchmarks/results/gpu.json) or, where not yet, projected
+    assert all("Measured:" in entry.description or "Expected about" in entry.description
+               for entry in suite.datasets.values())
