@@ -17,7 +17,14 @@ from typer.testing import CliRunner
 
 from conftest import ConfigFactory, tiny_overrides, without_wall_time
 from graphfed import cli
-from graphfed.client.privacy import PrivacyPlan, clip_rows, epsilon, noised_mean, privatize_uploads
+from graphfed.client.privacy import (
+    PrivacyPlan,
+    ServerGradientPrivacy,
+    clip_rows,
+    epsilon,
+    noised_mean,
+    privatize_uploads,
+)
 from graphfed.config import PrivacyConfig
 from graphfed.flower.app import run_on_grid
 from graphfed.flower.server import FLOWER_FIELDS
@@ -145,6 +152,69 @@ def test_a_central_server_hands_the_method_only_the_noised_mean(make_config: Con
     assert seen and all(torch.equal(rows, rows[:1].expand_as(rows)) for rows in seen)
 
 
+# ---- central DP for hypernetworks: DP-SGD on the server's parameters ------------------------------------------------
+def _linear_server(rows: int, width: int, seed: int = 0) -> tuple[torch.nn.Linear, torch.Tensor]:
+    torch.manual_seed(seed)
+    return torch.nn.Linear(width, 6, bias=False), torch.randn(rows, width)
+
+
+def test_the_server_gradient_is_the_sum_of_each_clients_clipped_contribution() -> None:
+    """Noise 0: the gradient the optimiser steps on is sum_i clip(S * J_i^T d_i) / expected clients, with each
+    client's contribution (the vector-Jacobian product of its own row) clipped alone."""
+    layer, embeddings = _linear_server(rows=3, width=4)
+    direction = torch.randn(3, 6) * torch.tensor([[0.01], [10.0], [3.0]])  # one client far inside the clip
+    clip, expected = 1.0, 5.0
+    privacy = ServerGradientPrivacy(PrivacyPlan("central", clip, 0.0, 1e-5, "pld", 10, 0.5), expected, seed=0)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.0)
+    privacy.step(optimizer, layer(embeddings), direction)
+    contributions = [3 * torch.outer(direction[i], embeddings[i]) for i in range(3)]  # d <d_i, W e_i> / dW
+    clipped = [c * min(1.0, clip / float(c.norm())) for c in contributions]
+    torch.testing.assert_close(layer.weight.grad, sum(clipped) / expected)
+    assert float(clipped[0].norm()) < clip and all(float(c.norm()) == pytest.approx(clip) for c in clipped[1:])
+
+
+def test_the_server_gradient_noise_has_the_stated_std_split_over_the_rounds_steps() -> None:
+    """With nothing to learn, the gradient is the noise / expected clients: std z * clip * sqrt(k) / expected, k the
+    server steps of a round (k Gaussian steps of multiplier z sqrt(k) on one sample compose to multiplier z)."""
+    layer, embeddings = _linear_server(rows=2, width=4000)
+    plan = PrivacyPlan("central", 2.0, 1.5, 1e-5, "pld", 10, 0.5)
+    privacy = ServerGradientPrivacy(plan, expected_clients=4.0, seed=3, steps_per_round=4)
+    privacy.begin_round(0)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.0)
+    privacy.step(optimizer, layer(embeddings), torch.zeros(2, 6))
+    first = layer.weight.grad.clone()
+    assert first.std().item() == pytest.approx(1.5 * 2.0 * 2.0 / 4.0, rel=0.02)
+    privacy.step(optimizer, layer(embeddings), torch.zeros(2, 6))
+    assert not torch.equal(layer.weight.grad, first)  # each step of the round draws its own noise
+
+
+@pytest.mark.parametrize("method", ["pfedhn", "panacea"])
+def test_central_dp_trains_hypernetworks_by_private_server_gradients(method: str, make_config: ConfigFactory) -> None:
+    """pFedHN and Panacea (on FL-N, whose graph is given) run under central DP: their server steps go through
+    ServerGradientPrivacy (each client's contribution within the clip), the accounting is one sampled Gaussian per
+    round whatever the server steps, and with noise 0, no clip and every client each round the run learns what the
+    plain run learns (the same numbers up to the float order of a per-client sum)."""
+    seen: list[float] = []
+    step = ServerGradientPrivacy.step
+
+    def recording(self, optimizer, sent, direction, extra_loss=None) -> None:  # type: ignore[no-untyped-def]
+        seen.append(self.plan.clip_norm)
+        step(self, optimizer, sent, direction, extra_loss)
+
+    config = private(make_config, "central", "privacy.noise_multiplier=1.1", "privacy.clip_norm=0.5", method=method)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ServerGradientPrivacy, "step", recording)
+        result = run_config(config, progress=False)
+    assert seen and result.privacy is not None
+    rate = config.train.clients_per_round / (result.training_clients or 0)
+    assert result.privacy["epsilon"] == library_epsilon(1.1, config.train.rounds, rate, result.privacy["delta"])
+    everyone = ["privacy.noise_multiplier=0", "privacy.clip_norm=.inf", "train.clients_per_round=100",
+                "dataset.novel_fraction=0"]
+    plain = run_config(make_config(method, *everyone[2:]), progress=False)
+    degenerate = run_config(private(make_config, "central", *everyone, method=method), progress=False)
+    assert degenerate.test_mean == pytest.approx(plain.test_mean, abs=1e-4)
+
+
 def test_noise_zero_and_no_clipping_is_the_plain_run(make_config: ConfigFactory) -> None:
     """``local`` with noise 0 and clip .inf changes nothing: the same numbers as the run without privacy."""
     plain = run_config(make_config("ditto"), progress=False)
@@ -166,9 +236,15 @@ REFUSED = {
     "pfedgat local": ("pfedgat", ["privacy.mechanism=local"],
                       "privacy.mechanism=local: pfedgat uploads feedback beside its update"),
     "fedpac local": ("fedpac", ["privacy.mechanism=local"], "privacy.mechanism=local: fedpac uploads "),
-    "panacea central": ("panacea", ["privacy.mechanism=central"],
-                        "privacy.mechanism=central: panacea: its server computes each client's model from the "
+    "fedaghn central": ("fedaghn", ["privacy.mechanism=central"],
+                        "privacy.mechanism=central: fedaghn: its server computes each client's model from the "
                         "individual uploads"),
+    "panacea central, inferred graph": ("panacea", ["privacy.mechanism=central", "dataset.name=digits"],
+                                        "privacy.mechanism=central: panacea: without a client graph it infers one "
+                                        "from the clients' raw updates"),
+    "pfedhn central, adaptive clip": ("pfedhn", ["privacy.mechanism=central", "privacy.adaptive_quantile=0.5"],
+                                      "privacy.mechanism=central: pfedhn: adaptive clipping follows the norms of "
+                                      "updates"),
     "median central": ("fedavg", ["privacy.mechanism=central", "method.options.aggregation=fedmedian"],
                        "privacy.mechanism=central: fedavg: aggregation fedmedian needs the individual updates"),
     "no noise given": ("fedavg", ["privacy.mechanism=local"], "give exactly one of privacy.noise_multiplier"),
@@ -218,10 +294,23 @@ def test_flower_nodes_add_the_simulators_noise_under_local_dp() -> None:
             == {k: v for k, v in without_wall_time(simulated).items() if k not in drop})
 
 
+def test_a_flower_server_takes_the_simulators_private_server_steps_for_pfedhn() -> None:
+    """Central DP of a hypernetwork happens in the ServerApp's server step: the deployment's numbers, epsilon
+    included, are the simulator's."""
+    config = flower_config("pfedhn", "privacy.mechanism=central", "privacy.noise_multiplier=0.8",
+                           "privacy.clip_norm=0.5")
+    on_flower = run_on_grid(grid_for(config), config, None)
+    simulated = run_config(config, progress=False)
+    drop = (*FLOWER_FIELDS, "models_note")
+    assert on_flower.privacy is not None and on_flower.privacy["epsilon"] > 0
+    assert ({k: v for k, v in without_wall_time(on_flower).items() if k not in drop}
+            == {k: v for k, v in without_wall_time(simulated).items() if k not in drop})
+
+
 # ---- secure aggregation (SecAgg+ on real SuperNodes: tests/test_flower_processes.py) ------------------------------
 SECAGG_REFUSED = {
-    "panacea": (["method.name=panacea"], "flower.secure_aggregation: panacea: its server computes each client's "
-                "model from the individual uploads, not from their sum; SecAgg+ reveals only the mean"),
+    "panacea": (["method.name=panacea"], "flower.secure_aggregation: panacea: its server learns from each client's "
+                "own update (a hypernetwork), not from their mean"),
     "median": (["method.options.aggregation=fedmedian"], "flower.secure_aggregation: fedavg: aggregation fedmedian "
                "needs the individual updates"),
     "sampled": (["train.clients_per_round=2"], "flower.secure_aggregation: fedavg: needs every client in every round"),

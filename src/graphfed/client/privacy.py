@@ -152,6 +152,62 @@ def noised_mean(delta: torch.Tensor, plan: PrivacyPlan, expected_clients: float,
     return total / expected_clients
 
 
+@dataclass
+class ServerGradientPrivacy:
+    """``central`` for a server that learns each client's model from that client's update (pFedHN, Panacea): DP-SGD
+    on the server's parameters with clients as the examples (Abadi et al., CCS 2016, with clients in place of
+    examples as in McMahan et al., ICLR 2018). Each client's contribution to the gradient of every server parameter
+    is clipped to ``clip_norm``; the clipped contributions are summed; Gaussian noise of std ``z * clip * sqrt(k)``
+    is added to the sum at each of a round's ``k`` server steps (``k`` Gaussian steps on one Poisson sample compose to
+    one Gaussian of multiplier ``z``, the one accounted); the sum is divided by the expected cohort. Every server
+    parameter is updated only so, hence every model the server computes (each client's, any novel client's start)
+    is differentially private with respect to any one client's participation, towards everyone but the trusted
+    server, which still reads the raw updates."""
+
+    plan: PrivacyPlan
+    expected_clients: float
+    seed: int
+    steps_per_round: int = 1
+    round_index: int = 0
+    steps_taken: int = 0
+
+    def begin_round(self, round_index: int) -> None:
+        self.round_index, self.steps_taken = round_index, 0
+
+    def noise_std(self) -> float:
+        return self.plan.noise_multiplier * self.plan.clip_norm * math.sqrt(self.steps_per_round)
+
+    def step(self, optimizer: torch.optim.Optimizer, sent: torch.Tensor, direction: torch.Tensor,
+             extra_loss: torch.Tensor | None = None) -> None:
+        """The private form of :func:`graphfed.core.hypergrad.hypergradient_step`: ``direction`` rows are the
+        clients' terms of a mean over the ``len(sent)`` clients (``delta / S``), so each client's contribution is
+        ``S`` times its row's vector-Jacobian product. ``extra_loss`` (computed on the server from public data and
+        the private parameters, e.g. Panacea's graph loss) adds its ordinary gradient."""
+        if sent.shape != direction.shape:
+            raise ValueError(f"direction shape {tuple(direction.shape)} does not match sent {tuple(sent.shape)}")
+        params = [param for group in optimizer.param_groups for param in group["params"] if param.requires_grad]
+        count = len(sent)
+        rows = []
+        for client in range(count):  # one backward per client: its contribution alone is clipped
+            grads = torch.autograd.grad(sent[client], params, direction[client].detach() * count,
+                                        retain_graph=True, allow_unused=True)
+            rows.append(torch.cat([(torch.zeros_like(param) if grad is None else grad).flatten()
+                                   for grad, param in zip(grads, params, strict=True)]))
+        total = clip_rows(torch.stack(rows), self.plan.clip_norm).sum(0)
+        if self.plan.noise_multiplier > 0:
+            # one stream per (round, server step): the extra key slot numbers the step
+            seed = rng.stream_seed(self.seed, self.round_index, "server_gradient", self.steps_taken)
+            total = total + gaussian_noise((total.numel(),), self.noise_std(), seed, total.device).to(total.dtype)
+        gradient = total / self.expected_clients
+        optimizer.zero_grad(set_to_none=True)
+        if extra_loss is not None:
+            extra_loss.backward()
+        for param, value in zip(params, gradient.split([param.numel() for param in params]), strict=True):
+            param.grad = value.view_as(param) if param.grad is None else param.grad + value.view_as(param)
+        optimizer.step()
+        self.steps_taken += 1
+
+
 def next_clip(delta: torch.Tensor, clip_norm: float, plan: PrivacyPlan, expected_clients: float, seed: int,
               round_index: int) -> float:
     """Adaptive clipping: the noised share of this round's clients whose update was within ``clip_norm`` moves the

@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from graphfed.client.contract import ClientRule, ClientSetting
+from graphfed.client.privacy import ServerGradientPrivacy
+from graphfed.core.hypergrad import hypergradient_step
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import Task
 from graphfed.models.base import TargetModel
@@ -82,18 +84,30 @@ class Method(ABC):
     #: sum once; a server that computes each client's model from individual uploads needs each client's
     #: contribution to its shared parameters clipped and noised, which only FedAvg's update is built for so far.
     central_privacy_refusal: ClassVar[str | None] = (
-        "its server computes each client's model from the individual uploads, not from their sum; central DP for "
-        "it needs per-client clipping of the server's parameter gradient, which graphfed does not build yet: use "
-        "privacy.mechanism=local")
+        "its server computes each client's model from the individual uploads (models mixed by similarity, "
+        "attention or a solved graph), not from a sum or from server parameters alone; use privacy.mechanism=local")
+    #: True: ``central`` runs as DP-SGD on the server's parameters (each client's gradient contribution clipped,
+    #: the sum noised: :class:`graphfed.client.privacy.ServerGradientPrivacy`), not as a noised mean of updates
+    private_server_gradient: ClassVar[bool] = False
 
     def __init__(self, context: MethodContext, options: MethodOptions) -> None:
         self.context = context
         self.options = options
+        #: set by the engine under ``privacy.mechanism: central`` when ``private_server_gradient``
+        self.server_privacy: ServerGradientPrivacy | None = None
         self.generator = torch.Generator().manual_seed(context.seed)
         # Subclasses build their networks after this: seed their initialisation from the run seed.
         torch.manual_seed(context.seed)
         #: human-readable facts the engine should log once (e.g. "inferring the client graph")
         self.notes: list[str] = []
+
+    def central_privacy_problem(self) -> str | None:
+        """Why ``privacy.mechanism: central`` cannot protect this method as configured (None: it can)."""
+        return type(self).central_privacy_refusal
+
+    def server_steps_per_round(self) -> int:
+        """Server optimiser steps a round takes on the same uploads (central DP splits its noise over them)."""
+        return 1
 
     @classmethod
     def client_feedback(cls, options: MethodOptions) -> tuple[str, float]:
@@ -201,6 +215,18 @@ class EmbeddingHypernetwork(Method):
     """
 
     embeddings: nn.Embedding
+    optimizer: torch.optim.Optimizer
+    #: every client's model is a function of the server's parameters alone, so central DP is DP-SGD on them
+    central_privacy_refusal = None
+    private_server_gradient = True
+
+    def server_step(self, sent: torch.Tensor, direction: torch.Tensor, extra_loss: torch.Tensor | None = None) -> None:
+        """One step of the server's optimiser on ``(d sent / d params)^T direction`` (+ ``extra_loss``'s gradient);
+        under central DP each client's contribution is clipped and the sum noised."""
+        if self.server_privacy is None:
+            hypergradient_step(self.optimizer, sent, direction, extra_loss)
+        else:
+            self.server_privacy.step(self.optimizer, sent, direction, extra_loss)
 
     @abstractmethod
     def weights_from_embeddings(self, embeddings: torch.Tensor, client_ids: torch.Tensor) -> torch.Tensor:
@@ -218,8 +244,6 @@ class EmbeddingHypernetwork(Method):
 
     def adapt_novel(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor) -> None:
         # Only the novel rows are leaves; every other embedding and all networks are constants here.
-        from graphfed.core.hypergrad import hypergradient_step
-
         table = self.embeddings.weight.detach().index_put((client_ids,), self._novel_embeddings)
         hypergradient_step(self._novel_optimizer, self.weights_from_embeddings(table, client_ids),
                            delta / len(client_ids))

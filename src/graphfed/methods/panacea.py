@@ -24,7 +24,6 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from graphfed.core.hypergrad import hypergradient_step
 from graphfed.data.graphs import knn_graph
 from graphfed.methods.base import EmbeddingHypernetwork, EmbeddingHypernetworkOptions, MethodContext
 from graphfed.nn.gnn import GNNEncoder, GraphEdges
@@ -86,6 +85,15 @@ class Panacea(EmbeddingHypernetwork):
                               f"cosine similarity of client updates, refreshed every "
                               f"{options.graph_refresh_rounds} rounds")
 
+    def central_privacy_problem(self) -> str | None:
+        if self.infer_graph and self.uses_graph:
+            return ("without a client graph it infers one from the clients' raw updates, which central DP would "
+                    "release unprotected; give the dataset's graph, or set method.options.gnn=none and lambda_d=0")
+        return None
+
+    def server_steps_per_round(self) -> int:
+        return self.options.server_steps
+
     @property
     def uses_graph(self) -> bool:
         return self.options.gnn != "none" or self.options.lambda_d > 0
@@ -115,7 +123,7 @@ class Panacea(EmbeddingHypernetwork):
             if self.options.lambda_d > 0:
                 graph_loss = self.options.lambda_d * self.graph_generator.reconstruction_loss(
                     z, self.adjacency, self._positives, self.generator, self.options.graph_loss_pairs)
-            hypergradient_step(self.optimizer, theta, (theta.detach() - target) / len(client_ids), graph_loss)
+            self.server_step(theta, (theta.detach() - target) / len(client_ids), graph_loss)
 
     def _maybe_refresh_graph(self, client_ids: torch.Tensor, delta: torch.Tensor) -> None:
         self.rounds_seen += 1

@@ -12,7 +12,6 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from graphfed.core.hypergrad import hypergradient_step
 from graphfed.methods.base import EmbeddingHypernetwork, EmbeddingHypernetworkOptions, MethodContext
 from graphfed.nn.hypernet import ArchitectureHypernet, MLPHypernet
 
@@ -55,4 +54,4 @@ class PFedHN(EmbeddingHypernetwork):
     def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
                metrics: dict[str, torch.Tensor]) -> None:
         # `sent` may be detached (it travelled to clients); regenerate it with the graph attached.
-        hypergradient_step(self.optimizer, self.personalize(client_ids), delta / len(client_ids))
+        self.server_step(self.personalize(client_ids), delta / len(client_ids))

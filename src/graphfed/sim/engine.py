@@ -35,7 +35,7 @@ from graphfed.client.metrics import (
     client_metrics,
 )
 from graphfed.client.placement import deterministic_algorithms
-from graphfed.client.privacy import next_clip, noised_mean
+from graphfed.client.privacy import ServerGradientPrivacy, next_clip, noised_mean
 from graphfed.config import ConfigError, RunConfig, dump_config, read_yaml, same_run, validate_config
 from graphfed.core import rng
 from graphfed.data.federation import Federation
@@ -167,6 +167,9 @@ class Simulator:
                         config.train.clients_per_round, self.num_train_clients, self.clients_per_round)
         self.privacy = self.setup.clients.privacy
         self._check_privacy()
+        if self.privacy.mechanism == "central" and type(self.setup.method).private_server_gradient:
+            self.setup.method.server_privacy = ServerGradientPrivacy(
+                self.privacy, self.clients_per_round, self.config.seed, self.setup.method.server_steps_per_round())
         self.late_ids = self._draw_late_clients()
         self.straggler_ids = self._draw_stragglers()
         #: straggler uploads on their way: (round index they arrive in, the weights the clients were sent, result)
@@ -203,8 +206,13 @@ class Simulator:
                     raise ConfigError(f"{prefix} uploads {', '.join(uploads)} beside its update; only the update is "
                                       f"clipped and noised, so these would leave the client unprotected")
             return
-        if method.central_privacy_refusal is not None:
-            raise ConfigError(f"{prefix}: {method.central_privacy_refusal}")
+        problem = self.setup.method.central_privacy_problem()
+        if problem is not None:
+            raise ConfigError(f"{prefix}: {problem}")
+        if method.private_server_gradient and self.privacy.adaptive_quantile is not None:
+            raise ConfigError(f"{prefix}: adaptive clipping follows the norms of updates; this method's central DP "
+                              f"clips each client's gradient on the server's parameters: set privacy.clip_norm and "
+                              f"leave privacy.adaptive_quantile unset")
         aggregation = getattr(self.setup.method.options, "aggregation", "fedavg")
         if aggregation != "fedavg":
             raise ConfigError(f"{prefix}: aggregation {aggregation} needs the individual updates; central DP releases "
@@ -259,7 +267,9 @@ class Simulator:
         if len(result.client_ids) == 0:
             log.warning("round %d: no client update arrived; the server model is unchanged", round_index + 1)
             return {"train_loss": float("nan"), "clients": 0}
-        if self.privacy.mechanism == "central":
+        if method.server_privacy is not None:  # central DP inside the method's server step (DP-SGD)
+            method.server_privacy.begin_round(round_index)
+        elif self.privacy.mechanism == "central":
             result = self._central_release(result, round_index)
         method.update(result.client_ids, started, result.delta, result.metrics)
         rule = self.setup.client_rule
