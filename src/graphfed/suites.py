@@ -104,7 +104,8 @@ class Claim(_Strict):
     """A paper's headline claim, checked against the suite's own cells (or answered by another report)."""
 
     claim: str = Field(description="the claim as the paper makes it")
-    seed_file: str = Field(description="the paper in ../shared/seeds/ (its number, e.g. '003')")
+    seed_file: str | None = Field(default=None, description="the paper in ../shared/seeds/ (its number, e.g. "
+                                  "'003'); only our own questions may name none")
     table: str = Field(description="where the paper makes the claim: table, figure or section")
     paper_numbers: str = Field(default="", description="the paper's own numbers for the claim, as printed")
     question: bool = Field(default=False, description="our own question, not a claim the paper makes")
@@ -118,6 +119,8 @@ class Claim(_Strict):
 
     @model_validator(mode="after")
     def _a_cell_or_a_report(self) -> Claim:
+        if self.seed_file is None and not self.question:
+            raise ValueError(f"claim {self.claim!r}: name the paper (seed_file) it comes from")
         if self.see is None and (self.dataset is None or self.better is None or not self.than):
             raise ValueError(f"claim {self.claim!r}: give dataset, better and than (or see: another report)")
         return self

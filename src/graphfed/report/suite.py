@@ -242,8 +242,8 @@ def verdict_table(suite: Suite, tables: dict[str, list[RunResult]]) -> list[str]
                                           if decide is not None else "")
         title = claim.claim + (" *(our question)*" if claim.question else "") + (f" ({claim.note})" if claim.note
                                                                                   else "")
-        lines.append(f"| {title} | seed {claim.seed_file}, {claim.table} | {claim.paper_numbers or '—'} | "
-                     f"{item['here']} | {verdict_text} |")
+        where = f"seed {claim.seed_file}, {claim.table}" if claim.seed_file else claim.table
+        lines.append(f"| {title} | {where} | {claim.paper_numbers or '—'} | {item['here']} | {verdict_text} |")
     return [*lines, ""]
 
 
