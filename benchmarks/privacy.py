@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from graphfed.provenance import code_id_of
+from graphfed.report.suite import current_code_id
 from graphfed.report.verdicts import TEST_NAME, compare_against, sample_std
 from graphfed.runs import RunResult, read_result
 
@@ -124,13 +126,37 @@ def spent_table(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def provenance_section(data: dict[str, Any]) -> list[str]:
+    """Which code made the runs: those from other code than this report's are stale until re-run (a table row
+    mixes them only where listed here)."""
+    current = current_code_id()
+    by_code: dict[str, list[str]] = {}
+    for cell in data["datasets"]:
+        for method in data["datasets"][cell]["methods"]:
+            for run in runs_of(cell, method):
+                by_code.setdefault(code_id_of(run), []).append(f"{cell}/{method}")
+    if set(by_code) <= {current}:
+        return [f"Every run is from this report's code ({current})."]
+    lines = [f"This report's code is {current}. Runs from other code are **stale** until re-run (`graphfed bench` "
+             f"on the suite re-runs them unless told --keep-stale); they are kept, and counted here:", ""]
+    for code, cells in sorted(by_code.items(), key=lambda item: item[0] != current):
+        names = sorted(set(cells))
+        label = "this report's code" if code == current else "stale"
+        lines.append(f"- `{code}` ({label}): {len(cells)} runs, in {', '.join(names)}")
+    return lines
+
+
 def audit_section() -> list[str]:
     path = RESULTS / "audit.json"
     if not path.exists():
         return ["The canary audit has not run (`benchmarks/privacy_audit.py`)."]
     audit = json.loads(path.read_text())
-    lines = [audit["description"], "", "| mechanism | ε | attack AUC | runs with / without the canary |",
-             "|---|---|---|---|"]
+    code = (audit.get("code") or {}).get("code_id")
+    provenance = (f"Measured by code {code}" + ("" if code == current_code_id() else " (**stale**: not this "
+                  "report's code; re-run `benchmarks/privacy_audit.py`)") if code else
+                  "**Stale**: measured before the audit recorded its code; re-run `benchmarks/privacy_audit.py`")
+    lines = [audit["description"], "", provenance + ".", "",
+             "| mechanism | ε | attack AUC | runs with / without the canary |", "|---|---|---|---|"]
     for row in audit["rows"]:
         lines.append(f"| {row['mechanism']} | {row['epsilon'] if row['epsilon'] is not None else 'no DP'} | "
                      f"{row['auc']:.3f} | {row['runs_in']} / {row['runs_out']} |")
@@ -197,6 +223,7 @@ def main() -> None:
         *verdict_table(data), "",
         "## What was calibrated and spent", "", *spent_table(data), "",
         "## Canary audit", "", *audit_section(), "",
+        "## Code", "", *provenance_section(data), "",
         "![privacy-utility](plots/privacy_utility.png)", "", "![local epsilon](plots/local_epsilon.png)", "",
     ]
     (RESULTS / "report.md").write_text("\n".join(lines))

@@ -34,6 +34,7 @@ from torch.func import functional_call
 from graphfed.config import load_config
 from graphfed.data import build_federation
 from graphfed.data.federation import Federation
+from graphfed.provenance import code_provenance
 from graphfed.sim.engine import Simulator
 
 RESULTS = Path(__file__).resolve().parent / "results" / "privacy" / "audit.json"
@@ -105,7 +106,7 @@ def main() -> None:
                         f"{args.seeds} without the canary (seeds 0..{args.seeds - 1}); DP at delta {DELTA}, clip "
                         f"1.0, noise calibrated to each epsilon by dp-accounting's PLD accountant. "
                         f"`python benchmarks/privacy_audit.py --seeds {args.seeds}`."),
-        "config": BASE, "rows": rows, "seconds": round(time.monotonic() - started, 1)}
+        "config": BASE, "rows": rows, "seconds": round(time.monotonic() - started, 1), "code": code_provenance()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(document, indent=2) + "\n")
     print(f"wrote {args.out}")
