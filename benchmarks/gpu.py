@@ -52,7 +52,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 import cnn_throughput  # noqa: E402
-from golden_runs import KEYS, config_of, methods  # noqa: E402
+from golden_runs import KEYS, config_of, merged, methods  # noqa: E402
 
 RESULTS = HERE / "results"
 PARITY_RTOL, PARITY_ATOL = 1e-2, 1e-3
@@ -70,8 +70,7 @@ def close(a: float | None, b: float | None) -> bool:
 
 def golden_config(method: str, **train: Any) -> RunConfig:
     """``method``'s tiny golden config with ``train`` options set."""
-    config = config_of(method)
-    return validate_config({**config, "train": {**config["train"], **train}})
+    return validate_config(merged(config_of(method), {"train": train}))
 
 
 def compared(reference: dict[str, Any], other: dict[str, Any]) -> list[str]:
