@@ -199,3 +199,56 @@ def test_data_list_names_every_folder_of_the_shared_data() -> None:
     assert rows["cifar100"].command == f"graphfed data fetch cifar100 --to {SHARED}"
     result = CliRunner().invoke(app, ["data", "list", "--data-dir", str(SHARED)])
     assert result.exit_code == 0 and all(folder in result.output for folder in expected)
+
+
+def _publish_dated(monkeypatch: pytest.MonkeyPatch, url: str) -> Source:
+    """A dataset ``toy`` whose one file is re-issued under its processing date, as NOAA's nClimDiv is."""
+    source = Source("toy", "toy", "toy", "test", "a dated file",
+                    (RemoteFile("series-{date}", f"{url}/series-{{date}}", dated_by=f"{url}/procdate.txt"),))
+    monkeypatch.setitem(fetch.SOURCES, "toy", source)
+    return source
+
+
+def test_a_dated_file_is_fetched_under_the_publishers_current_date(server: str, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOAA renames its nClimDiv files each month: fetch reads the date stamp, then downloads that file."""
+    _publish_dated(monkeypatch, server)
+    _Handler.files.update({"/procdate.txt": b"20240105\n", "/series-20240105": PAYLOAD,
+                           "/series-20231204": b"an older issue"})
+    assert fetch.fetch("toy", tmp_path, progress=False) == [
+        "series-20240105: downloaded (no published checksum)"]
+    assert (tmp_path / "toy" / "series-20240105").read_bytes() == PAYLOAD
+    remote = fetch.SOURCES["toy"].files[0]
+    assert fetch.file_status(tmp_path / "toy", remote) == "present"
+    _Handler.files["/procdate.txt"] = b"20240206"  # a newer issue: what is there already is kept, not re-fetched
+    assert fetch.fetch("toy", tmp_path, progress=False) == ["series-20240105: already there (present)"]
+
+
+@pytest.mark.parametrize("stamp", [b"<html>moved</html>", b"2024-01-05", b""])
+def test_a_date_stamp_that_is_not_a_date_is_refused_before_any_download(
+        server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stamp: bytes) -> None:
+    _publish_dated(monkeypatch, server)
+    _Handler.files["/procdate.txt"] = stamp
+    with pytest.raises(DataError, match=r"procdate.txt: expected a date stamp YYYYMMDD"):
+        fetch.fetch("toy", tmp_path, progress=False)
+    assert not (tmp_path / "toy").exists() or not any((tmp_path / "toy").iterdir())
+
+
+def test_a_dated_file_offline_names_the_stamp_url_and_the_path(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    _publish_dated(monkeypatch, f"http://127.0.0.1:{port}")
+    with pytest.raises(DataMissingError, match=rf"cannot reach http://127.0.0.1:{port}/procdate.txt .*offline, "
+                                               r"fetch it by hand and put it at .*toy/series-YYYYMMDD"):
+        fetch.fetch("toy", tmp_path, progress=False)
+
+
+def test_tpt48_is_fetched_from_noaa_and_needs_nothing_else() -> None:
+    """TPT-48's one file is NOAA's statewide nClimDiv issue, found through NOAA's procdate.txt; this project's CSV
+    counts as the same data where it lies."""
+    (remote,) = fetch.SOURCES["tpt48"].files
+    assert remote.dated_by == "https://www.ncei.noaa.gov/pub/data/cirs/climdiv/procdate.txt"
+    assert remote.name == "climdiv-tmpcst-v1.0.0-{date}" and not remote.manual
+    assert "tpt48_monthly_tavg_F_1895-2019.csv" in remote.aliases

@@ -11,7 +11,16 @@ import torch
 from graphfed.config import ConfigError, DatasetConfig
 from graphfed.data import DATASETS, Federation, build_federation
 from graphfed.data.datasets.fl_n import make_fl_n
-from graphfed.data.datasets.tpt48 import EDGES_FILE, TEMPERATURE_FILE, load_tpt48
+from graphfed.data.datasets.tpt48 import (
+    EDGES_FILE,
+    NOAA_STATES,
+    TEMPERATURE_FILE,
+    border_edges,
+    load_tpt48,
+    read_edges,
+    read_nclimdiv,
+    read_temperatures,
+)
 
 SHARED_DATA = (Path(__file__).parents[1] / "../shared/data").resolve()
 needs_tpt48 = pytest.mark.skipif(
@@ -237,6 +246,74 @@ def test_tpt48_corrupt_edges_file_raises_value_error_naming_it(tmp_path: Path) -
     with pytest.raises(ValueError) as err:
         load_tpt48(tmp_path)
     assert str(folder / EDGES_FILE) in str(err.value) and "unknown state code" in str(err.value)
+
+
+NOAA_FILE = "climdiv-tmpcst-v1.0.0-20200106"
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "tpt48" / NOAA_FILE).is_file(), reason="NOAA's nClimDiv file is absent")
+def test_noaas_published_file_gives_the_same_tpt48_as_this_projects_csv(tmp_path: Path) -> None:
+    """NOAA's fixed-width nClimDiv file (what ``data fetch tpt48`` downloads) and the built-in borders load to the
+    very arrays the CSV table and edge list give, over all 1,500 months and for the federation."""
+    shared = SHARED_DATA / "tpt48"
+    csv_codes, csv_table = read_temperatures(shared / TEMPERATURE_FILE, "1895-01", "2019-12")
+    noaa_codes, noaa_table = read_nclimdiv(shared / NOAA_FILE, "1895-01", "2019-12")
+    assert noaa_codes == csv_codes and np.array_equal(noaa_table, csv_table)
+    assert np.array_equal(border_edges(csv_codes), read_edges(shared / EDGES_FILE, csv_codes))
+    (tmp_path / "tpt48").mkdir()
+    (tmp_path / "tpt48" / NOAA_FILE).write_bytes((shared / NOAA_FILE).read_bytes())  # NOAA's file, nothing else
+    from_noaa = _all_tensors(build_federation(DatasetConfig(name="tpt48", data_dir=str(tmp_path)), seed=3))
+    from_csv = _all_tensors(build_federation(DatasetConfig(name="tpt48", data_dir=str(SHARED_DATA)), seed=3))
+    assert from_noaa.keys() == from_csv.keys()
+    assert all(torch.equal(from_noaa[key], from_csv[key]) for key in from_csv)
+
+
+def _write_nclimdiv(root: Path, first_year: int = 2007, last_year: int = 2019, **replace_lines: str) -> Path:
+    """An nClimDiv statewide temperature file in NOAA's fixed-width layout: the 48 states, Alaska (050) and a
+    region (110), which the loader skips; ``replace_lines`` swaps whole lines by their 10-character key."""
+    folder = root / "tpt48"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(1)
+    lines = []
+    for state in [*range(1, 49), 50, 110]:
+        for year in range(first_year, last_year + 1):
+            key = f"{state:03d}002{year}"
+            values = "".join(f"{value:7.2f}" for value in rng.uniform(5, 90, 12))
+            lines.append(replace_lines.get(f"k{key}", key + values + "   "))
+    path = folder / "climdiv-tmpcst-v1.0.0-20240105"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_an_nclimdiv_file_alone_is_a_tpt48_folder(tmp_path: Path) -> None:
+    _write_nclimdiv(tmp_path)
+    data = load_tpt48(tmp_path)
+    assert data.codes == NOAA_STATES and data.x.shape == (48, 133, 6) and len(data.edges) == 105
+
+
+@pytest.mark.parametrize(("key", "line", "problem"), [
+    ("0010022007", "0010022007  43.10  37.40", "line 1 is not an nClimDiv record"),
+    ("0010022007", "0010012007" + "  43.10" * 12, "element 01, not 02"),
+    ("0020022010", "0020022010" + "  43.10" * 11 + " -99.90", r"state 002 \(AZ\) is missing 2010-12"),
+])
+def test_a_malformed_nclimdiv_file_names_its_line_or_gap(tmp_path: Path, key: str, line: str, problem: str) -> None:
+    path = _write_nclimdiv(tmp_path, **{f"k{key}": line})
+    with pytest.raises(ValueError, match=problem) as err:
+        load_tpt48(tmp_path)
+    assert str(path) in str(err.value)
+
+
+def test_an_nclimdiv_file_short_of_the_papers_months_names_them(tmp_path: Path) -> None:
+    _write_nclimdiv(tmp_path, last_year=2015)
+    with pytest.raises(ValueError, match=r"state 001 \(AL\) has no record for 2016..2019"):
+        load_tpt48(tmp_path)
+
+
+def test_an_empty_tpt48_folder_names_both_layouts(tmp_path: Path) -> None:
+    (tmp_path / "tpt48").mkdir()
+    with pytest.raises(FileNotFoundError, match=rf"{TEMPERATURE_FILE} or NOAA's climdiv-tmpcst-v\* file "
+                                                r"\(graphfed data fetch tpt48\)"):
+        load_tpt48(tmp_path)
 
 
 def test_tpt48_missing_month_columns_raise(tmp_path: Path) -> None:

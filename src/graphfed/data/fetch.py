@@ -4,8 +4,9 @@ Each :class:`Source` names the files a dataset's publisher serves, with their UR
 (the publisher's MD5 where one is published) and licence. A download streams to ``<file>.part`` with a progress bar,
 resumes an interrupted ``.part`` with an HTTP range request, verifies size and checksum, then renames atomically; a
 mismatch deletes the ``.part`` and names the file and both checksums. Without a network, the error names the URL and
-the exact path where a file fetched by hand must go. Files whose publisher serves them only through a web page
-(Google Drive, a dated NOAA file name) are ``manual``: ``fetch`` says where to get them and where to put them.
+the exact path where a file fetched by hand must go. A file whose name carries the date its publisher made it
+(NOAA's nClimDiv) is found through the publisher's date-stamp file. Files whose publisher serves them only through
+a web page (Google Drive) are ``manual``: ``fetch`` says where to get them and where to put them.
 
 Archives are never extracted blindly (:func:`safe_extract`): every member must be a regular file or folder whose
 path stays inside the target folder, within a size limit; anything else refuses the whole archive before a byte
@@ -17,13 +18,15 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import re
 import shutil
 import tarfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from graphfed.errors import DataError, DataMissingError
 
@@ -43,6 +46,28 @@ class RemoteFile:
     manual: bool = False  #: no direct download: fetch says where to get it and where it must go
     extract_to: str | None = None  #: a tar archive whose members are unpacked (safely) into this sub-folder
     aliases: tuple[str, ...] = ()  #: other names the loader accepts for the same file (a mirror's spelling)
+    #: the publisher's date-stamp file (its text is ``YYYYMMDD``) that completes ``{date}`` in ``name`` and ``url``:
+    #: the file is re-issued under a new name as the publisher updates it, so no checksum can be pinned
+    dated_by: str | None = None
+
+    def local_names(self, folder: Path) -> list[str]:
+        """The names under which this file may already lie in ``folder``: its own (any date, newest first for a
+        dated file) and its aliases."""
+        if self.dated_by is None:
+            return [self.name, *self.aliases]
+        dated = sorted((path.name for path in folder.glob(self.name.replace("{date}", "*"))
+                        if not path.name.endswith(".part")), reverse=True)
+        return [*dated, *self.aliases]
+
+    def resolved(self, folder: Path, timeout: float = 30.0) -> RemoteFile:
+        """This file with its publisher's current date filled in (itself when it has no date)."""
+        if self.dated_by is None:
+            return self
+        with _open(self.dated_by, {}, timeout, folder / self.name.format(date="YYYYMMDD")) as response:
+            stamp = response.read(64).decode("ascii", errors="replace").strip()
+        if not re.fullmatch(r"\d{8}", stamp):
+            raise DataError(f"{self.dated_by}: expected a date stamp YYYYMMDD, got {stamp!r}")
+        return replace(self, name=self.name.format(date=stamp), url=self.url.format(date=stamp), dated_by=None)
 
 
 @dataclass(frozen=True)
@@ -64,6 +89,7 @@ _MNIST = "https://ossci-datasets.s3.amazonaws.com/mnist/"
 _FASHION = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
 _DCRNN = "https://raw.githubusercontent.com/liyaguang/DCRNN/master/data/sensor_graph/"
 _DCRNN_DATA = "https://github.com/liyaguang/DCRNN#data-preparation"
+_CLIMDIV = "https://www.ncei.noaa.gov/pub/data/cirs/climdiv/"
 
 SOURCES: dict[str, Source] = {source.name: source for source in (
     Source("mnist", "mnist", "mnist", "CC BY-SA 3.0 (LeCun, Cortes, Burges)",
@@ -113,11 +139,11 @@ SOURCES: dict[str, Source] = {source.name: source for source in (
            (RemoteFile("pems-bay.h5", _DCRNN_DATA, manual=True),
             RemoteFile("distances_bay_2017.csv", _DCRNN + "distances_bay_2017.csv"))),
     Source("tpt48", "tpt48", "tpt48", "public domain (NOAA)",
-           "TPT-48: monthly mean temperature of the 48 contiguous US states (NOAA nClimDiv climdiv-tmpcst) with "
-           "the state adjacency; this project's CSV layout is built from the NOAA file",
-           (RemoteFile("tpt48_monthly_tavg_F_1895-2019.csv", "https://www.ncei.noaa.gov/pub/data/cirs/climdiv/",
-                       manual=True),
-            RemoteFile("tpt48_adjacency_edges.csv", "https://github.com/Wang-ML-Lab/VDI", manual=True))),
+           "TPT-48: monthly mean temperature of the 48 contiguous US states, NOAA's nClimDiv statewide file "
+           "(climdiv-tmpcst, re-issued monthly under its processing date; no checksum published); the state "
+           "borders are built in",
+           (RemoteFile("climdiv-tmpcst-v1.0.0-{date}", _CLIMDIV + "climdiv-tmpcst-v1.0.0-{date}",
+                       dated_by=_CLIMDIV + "procdate.txt", aliases=("tpt48_monthly_tavg_F_1895-2019.csv",)),)),
     Source("femnist", "femnist", "femnist", "LEAF: BSD-2-Clause; NIST SD19: public domain",
            "FEMNIST (LEAF): handwritten characters by writer, 62 classes; LEAF's preprocessing turns NIST SD19 into "
            "train/*.json.gz and test/*.json.gz shards",
@@ -145,12 +171,13 @@ def file_status(folder: Path, remote: RemoteFile) -> str:
     ``repackaged`` (other bytes that still read as the format, e.g. a re-compressed copy; the loader checks the
     contents), ``corrupt`` (other bytes that do not read), ``missing``, or ``partial`` (an interrupted download
     waiting to resume)."""
-    path = next((folder / name for name in (remote.name, *remote.aliases) if (folder / name).exists()),
+    path = next((folder / name for name in remote.local_names(folder) if (folder / name).exists()),
                 folder / remote.name)
     if path.is_dir():
         return "present" if any(path.iterdir()) else "missing"
     if not path.is_file():
-        return "partial" if path.with_name(path.name + ".part").is_file() else "missing"
+        parts = folder.glob(remote.name.replace("{date}", "*") + ".part") if folder.is_dir() else ()
+        return "partial" if path.with_name(path.name + ".part").is_file() or any(parts) else "missing"
     if remote.md5 is None:
         return "present"
     if file_md5(path) == remote.md5:
@@ -182,22 +209,18 @@ def download(remote: RemoteFile, folder: Path, progress: bool = True, timeout: f
     if remote.manual:
         raise DataMissingError(f"{remote.name} is not downloadable directly: get it from {remote.url} and put it "
                                f"at {target}")
+    remote = remote.resolved(folder, timeout)
+    target = folder / remote.name
     folder.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".part")
     have = partial.stat().st_size if partial.is_file() else 0
-    request = urllib.request.Request(remote.url, headers={"Range": f"bytes={have}-"} if have else {})
     try:
-        response = urllib.request.urlopen(request, timeout=timeout)
-    except urllib.error.HTTPError as error:
-        if error.code == 416 and have and (remote.size is None or have == remote.size):
-            response = None  # the .part is already whole: verify it below
-        else:
-            raise DataError(f"{remote.url}: HTTP {error.code} {error.reason}; fetch it by hand and put it at "
+        response = _open(remote.url, {"Range": f"bytes={have}-"} if have else {}, timeout, target)
+    except _WholeAlready:
+        if not have or (remote.size is not None and have != remote.size):
+            raise DataError(f"{remote.url}: HTTP 416 Range Not Satisfiable; fetch it by hand and put it at "
                             f"{target}") from None
-    except (urllib.error.URLError, OSError) as error:
-        reason = getattr(error, "reason", error)
-        raise DataMissingError(f"cannot reach {remote.url} ({reason}); offline, fetch it by hand and put it at "
-                               f"{target}") from None
+        response = None  # the .part is already whole: verify it below
     if response is not None:
         with response:
             resumed = have and response.status == 206
@@ -207,6 +230,25 @@ def download(remote: RemoteFile, folder: Path, progress: bool = True, timeout: f
     _verify(partial, remote, target)
     os.replace(partial, target)
     return target
+
+
+class _WholeAlready(Exception):
+    """HTTP 416 to a range request: nothing lies past the bytes already downloaded."""
+
+
+def _open(url: str, headers: dict[str, str], timeout: float, target: Path | str) -> Any:
+    """``urlopen(url)``; an HTTP error is a one-line DataError and an unreachable host a DataMissingError, each
+    naming ``url`` and where a file fetched by hand must go (``target``)."""
+    try:
+        return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
+    except urllib.error.HTTPError as error:
+        if error.code == 416 and "Range" in headers:
+            raise _WholeAlready from None
+        raise DataError(f"{url}: HTTP {error.code} {error.reason}; fetch it by hand and put it at {target}") from None
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise DataMissingError(f"cannot reach {url} ({reason}); offline, fetch it by hand and put it at "
+                               f"{target}") from None
 
 
 def _stream(read: Callable[[int], bytes], partial: Path, mode: str, start: int, total: int, name: str,
@@ -244,13 +286,13 @@ def fetch(name: str, data_dir: Path, progress: bool = True, timeout: float = 30.
     for remote in entry.files:
         status = file_status(folder, remote)
         if status in ("verified", "present"):
-            lines.append(f"{remote.name}: already there ({status})")
+            lines.append(f"{remote.local_names(folder)[0]}: already there ({status})")
         elif remote.manual:
             manual.append(f"{remote.name} from {remote.url} to {folder / remote.name}")
             continue
         else:
-            download(remote, folder, progress, timeout)
-            lines.append(f"{remote.name}: downloaded ({'verified' if remote.md5 else 'no published checksum'})")
+            path = download(remote, folder, progress, timeout)
+            lines.append(f"{path.name}: downloaded ({'verified' if remote.md5 else 'no published checksum'})")
         if remote.extract_to is not None:
             written = safe_extract(folder / remote.name, folder / remote.extract_to)
             lines.append(f"{remote.name}: {written} files unpacked into {folder / remote.extract_to}")

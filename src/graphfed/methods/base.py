@@ -81,8 +81,9 @@ class Method(ABC):
     #: sets this False loses late uploads instead
     accepts_late_uploads: ClassVar[bool] = True
     #: why ``privacy.mechanism: central`` cannot protect this method's clients (None: it can). Central DP noises a
-    #: sum once; a server that computes each client's model from individual uploads needs each client's
-    #: contribution to its shared parameters clipped and noised, which only FedAvg's update is built for so far.
+    #: sum once (FedAvg's update) or, for a hypernetwork, each client's gradient on the server's parameters
+    #: (``private_server_gradient``); a server that mixes the individual uploads into each client's model has
+    #: neither a sum nor shared parameters to noise.
     central_privacy_refusal: ClassVar[str | None] = (
         "its server computes each client's model from the individual uploads (models mixed by similarity, "
         "attention or a solved graph), not from a sum or from server parameters alone; use privacy.mechanism=local")
