@@ -14,6 +14,8 @@
 4. **determinism**: a few methods twice with ``train.deterministic`` on and twice off on the device: whether the
    repeats agree bit for bit, what determinism costs in time, and the test score of a ``train.precision: bf16`` run
    beside the fp32 one.
+5. **host_rows**: a few methods with their clients' rows on the device and left in host memory
+   (``train.client_data: host``, for data larger than the device): equal summaries, and what the copies cost.
 
 Parts run in the order ``--parts`` names them, and the JSON is rewritten after every row, so a run cut short keeps
 what it measured. Writes ``benchmarks/results/gpu.json`` with the device's name, the torch / CUDA versions and the
@@ -59,7 +61,9 @@ PARITY_RTOL, PARITY_ATOL = 1e-2, 1e-3
 QUICK_METHODS = ("fedavg", "panacea", "fedaghn")
 #: a convolution with BatchNorm (cuDNN's algorithm choice), a hypernetwork with a GNN, attention over clients
 DETERMINISM_METHODS = ("fedbn", "panacea", "fedaghn", "flha-ghn")
-PARTS = ("parity", "throughput", "projection", "determinism")
+#: methods run with their clients' rows left in host memory (``train.client_data: host``) beside on the device
+HOST_ROWS_METHODS = ("fedavg", "panacea", "fedaghn", "fedbn")
+PARTS = ("parity", "throughput", "projection", "determinism", "host_rows")
 
 
 def close(a: float | None, b: float | None) -> bool:
@@ -107,6 +111,22 @@ def parity(device: torch.device, quick: bool, record: Callable[[dict[str, Any]],
                 "device_test_mean": other["test_mean"], "differing_fields": differing, "ok": not differing})
         print(f"parity {method:14s} round 1 relative difference {drift:.1e}; test cpu {cpu['test_mean']:.4f} "
               f"{device} {other['test_mean']:.4f} {'ok' if not differing else 'DIFFERS: ' + ', '.join(differing)}",
+              flush=True)
+
+
+def host_rows(device: torch.device, quick: bool, record: Callable[[dict[str, Any]], None]) -> None:
+    """Each method with its clients' rows on the device and left in host memory (each read staged in pinned memory
+    and copied over): the summaries must agree bit for bit (the same kernels read the same rows), and the time says
+    what streaming costs on the tiny configs (a floor: their rows are few, the copies small)."""
+    for method in HOST_ROWS_METHODS[:1] if quick else HOST_ROWS_METHODS:
+        runs = {mode: Simulator(golden_config(method, device=str(device), client_data=mode), progress=False
+                                ).run().to_json() for mode in ("device", "host")}
+        differing = compared(runs["device"], runs["host"])
+        row = {"method": method, "equal": not differing, "differing_fields": differing,
+               **{f"{mode}_seconds": run["wall_seconds"] for mode, run in runs.items()}}
+        record(row)
+        print(f"host_rows {method:10s} {'equal' if not differing else 'DIFFERS: ' + ', '.join(differing)}; "
+              f"{row['device_seconds']:.2f} s on the device, {row['host_seconds']:.2f} s from host memory",
               flush=True)
 
 
@@ -247,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
                 parity(device, args.quick, appender(part), args.methods.split(",") if args.methods else None)
             elif part == "determinism":
                 determinism(device, args.quick, appender(part))
+            elif part == "host_rows":
+                host_rows(device, args.quick, appender(part))
             elif part == "throughput":
                 result["throughput"] = throughput(device, args.quick, args.repeats)
             else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -36,18 +37,24 @@ from graphfed.sim.engine import Simulator, run_config
 COUNTS = (30, 9, 0)  # a client without rows too
 
 
-def _rounds_under_audit(method: str) -> None:
+def _rounds_under_audit(method: str, client_data: str = "auto") -> tuple[dict[str, Any], Any]:
+    config = config_of(method)
+    config["train"] = {**config.get("train", {}), "client_data": client_data}
     with HostDeviceAudit():
-        simulator = Simulator(validate_config(config_of(method)), progress=False)
+        simulator = Simulator(validate_config(config), progress=False)
         simulator.run_round(0)
         simulator.run_round(1)
-        simulator.evaluate(1)
-        simulator.evaluate_novel_adapted()
+        return simulator.evaluate(1), simulator.evaluate_novel_adapted()
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_every_method_creates_its_tensors_on_a_named_device(method: str) -> None:
-    _rounds_under_audit(method)
+    """... and runs, to the same numbers, with the clients' rows left in host memory (``train.client_data: host``,
+    data larger than the GPU): under the audit those rows are host tensors, so any read that bypasses
+    ``ClientSplit.read`` (a host row indexed by run-device indices) fails here as it would on a GPU."""
+    on_device = _rounds_under_audit(method)
+    on_host = _rounds_under_audit(method, "host")
+    assert on_host == on_device
 
 
 def test_the_audit_catches_a_tensor_made_without_a_device(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -99,6 +106,14 @@ def test_every_model_trains_and_scores_on_a_named_device(name: str) -> None:
         trained = train_clients(model, spec, start, split, rule, [1, 2, 3]).trained
         scores = evaluate_clients(model, spec, trained, split, fed.task)
         feedback = validation_feedback(model, spec, trained, split, fed.task, training, [4, 5, 6])
+        streamed = split.to(torch.device("cpu"), rows_on_host=True)  # the rows stay host tensors
+        assert streamed.rows_on_host
+        with pytest.raises(DeviceMixError, match="indexed by"):  # a read around ClientSplit.read is caught
+            streamed.x[streamed.row_owners()[1]]
+        assert torch.equal(train_clients(model, spec, start, streamed, rule, [1, 2, 3]).trained, trained)
+        assert torch.equal(evaluate_clients(model, spec, trained, streamed, fed.task).metric, scores.metric)
+        assert torch.equal(validation_feedback(model, spec, trained, streamed, fed.task, training, [4, 5, 6]),
+                           feedback)
     assert trained.shape == start.shape and scores.metric.shape == (3,) and feedback.shape == (3, 2)
 
 
@@ -230,3 +245,30 @@ def test_host_random_draws_give_a_module_built_on_the_run_device_the_cpus_number
     for ours, theirs in zip(built, reference, strict=True):
         for mine, expected in zip(ours.parameters(), theirs.parameters(), strict=True):
             assert torch.equal(mine, expected)
+
+
+def test_train_client_data_decides_where_the_rows_live(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an accelerator ``auto`` moves the rows onto it when they fit in 80 % of its free memory and leaves them
+    in host memory otherwise; ``device`` refuses a federation that does not fit, in one line naming the option
+    that streams it; ``host`` always streams. (A stand-in device: the question is only how much memory it has.)"""
+    from graphfed.core import memory
+    from graphfed.data import build_federation
+    from graphfed.setup import clients_rows_on_host
+
+    config = validate_config(config_of("fedavg"))
+    federation = build_federation(config.dataset, config.seed)
+    rows = sum(split.x.nbytes + split.y.nbytes for split in (federation.train, federation.val, federation.test))
+    gpu = torch.device("cuda")
+
+    def decide(client_data: str, free_bytes: int) -> bool:
+        monkeypatch.setattr(memory, "available_memory_bytes", lambda device=None: free_bytes)
+        return clients_rows_on_host(config.model_copy(update={"train": config.train.model_copy(
+            update={"client_data": client_data})}), federation, gpu)
+
+    assert decide("auto", 2 * rows) is False and decide("auto", rows) is True
+    assert decide("host", 10 * rows) is True and decide("device", 2 * rows) is False
+    with pytest.raises(ConfigError, match=r"the federation's rows on cuda needs .* set train.client_data=host"):
+        decide("device", rows)
+    assert clients_rows_on_host(config, federation, torch.device("cpu")) is False  # the CPU's rows are the host's
+    with pytest.raises(ConfigError, match="client_data"):
+        load_config(None, ["train.client_data=disk"])

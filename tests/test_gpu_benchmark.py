@@ -47,3 +47,5 @@ def test_the_quick_cpu_run_measures_parity_throughput_and_projection(tmp_path: P
     (row,) = result["determinism"]  # on the CPU both modes repeat exactly; bf16 autocast changes the numbers
     assert row["method"] == "fedbn" and row["deterministic_repeat_equal"] and row["default_repeat_equal"]
     assert row["bf16_test_mean"] != row["fp32_test_mean"]
+    (row,) = result["host_rows"]  # rows read from host memory: the very numbers of rows on the device
+    assert row["method"] == "fedavg" and row["equal"] and row["differing_fields"] == []

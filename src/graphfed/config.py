@@ -163,6 +163,12 @@ class TrainConfig(_Strict):
                         description="where data, models and server state live: auto (CUDA, then MPS, else the CPU), "
                                     "cpu, cuda, cuda:N or mps; a device this machine lacks is an error, never a "
                                     "silent fallback")
+    client_data: Literal["auto", "device", "host"] = Field(
+        default="auto", description="where the clients' rows live on an accelerator: device (all on it; a "
+        "federation that does not fit is an error), host (in host memory, each mini-batch and evaluation block "
+        "staged in pinned memory and copied over as it is read: for data larger than the device, at the cost of "
+        "the copies), or auto (device when the rows fit in 80% of its free memory, else host); the numbers are "
+        "the same either way")
     precision: Literal["fp32", "bf16"] = Field(default="fp32", description="fp32, or bf16: the clients' forward and "
                                                "backward under autocast (weights, updates and server state stay fp32)")
     deterministic: bool = Field(default=False, description="deterministic algorithms only "

@@ -23,7 +23,7 @@ from graphfed.client.placement import HostRandomDraws, resolve_device
 from graphfed.client.privacy import PrivacyPlan, plan_privacy
 from graphfed.config import RunConfig
 from graphfed.core import rng
-from graphfed.core.memory import check_fits
+from graphfed.core.memory import check_fits, fits
 from graphfed.core.params import ParamSpec
 from graphfed.data import build_federation
 from graphfed.data.federation import Federation
@@ -73,6 +73,25 @@ def client_setting(model: TargetModel, spec: ParamSpec, federation: Federation, 
                          None if architecture is model else architecture, norm)
 
 
+def clients_rows_on_host(config: RunConfig, federation: Federation, device: torch.device) -> bool:
+    """``train.client_data``: keep the clients' rows in host memory (copied to ``device`` as they are read) or move
+    them onto it. ``auto`` keeps them on the host only when they would not fit in the device's free memory;
+    ``device`` refuses such a federation before round 1 (one line, with what to change)."""
+    if config.train.client_data == "host":
+        return True
+    if device.type == "cpu":
+        return False
+    splits = [federation.train, federation.val, federation.test]
+    if federation.backdoor_test is not None:
+        splits.append(federation.backdoor_test)
+    needed = sum(split.x.nbytes + split.y.nbytes for split in splits)
+    if config.train.client_data == "auto":
+        return not fits(needed, device)
+    check_fits(needed, f"the federation's rows on {device}", "set train.client_data=host (rows stay in host memory "
+               "and stream to the device), use fewer clients (dataset.client_fraction) or train.device=cpu", device)
+    return False
+
+
 @dataclass
 class ClientSide:
     """The networks clients train and their method's client rules, built from a config the same way by the
@@ -107,12 +126,7 @@ class ClientSide:
         device = resolve_device(config.train.device) if device is None else device
         attack = build_attack(config.attack, federation, config.seed)
         federation = attack.poison(federation)
-        if device.type != "cpu":  # every client's rows live on the device: stop before round 1 if they cannot
-            rows = (federation.train, federation.val, federation.test)
-            check_fits(sum(split.x.nbytes + split.y.nbytes for split in rows), "the federation's rows on "
-                       f"{device}", "use fewer clients or a smaller dataset (dataset.client_fraction), or "
-                       "train.device=cpu", device)
-        federation = federation.to(device)
+        federation = federation.to(device, rows_on_host=clients_rows_on_host(config, federation, device))
         torch.manual_seed(rng.stream_seed(config.seed, 0, "init"))
         if config.model.architectures is None:
             model = build_model(config.model.name, federation, config.model.options).to(device)

@@ -72,7 +72,7 @@ class ChunkChoice:
 def timing_key(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: ClientRule) -> str:
     """Everything that changes how long a chunk takes: the same key is the same measurement."""
     training = rule.setting.training
-    device = data.x.device
+    device = data.device
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     return "|".join([type(model).__name__, str(spec.dim), "x".join(map(str, data.x.shape[1:])),
                      f"batch={training.batch_size}", f"precision={training.precision}", device_name,
@@ -90,9 +90,9 @@ def choose_clients_per_chunk(model: TargetModel, spec: ParamSpec, data: ClientSp
     if pinned is not None:
         return ChunkChoice(pinned, "pinned", {})
     declared = model.clients_per_chunk
-    on_cpu = data.x.device.type == "cpu"
+    on_cpu = data.device.type == "cpu"
     most = min(CALIBRATION_CLIENTS if on_cpu else ACCELERATOR_CALIBRATION_CLIENTS,
-               max(1, values_per_chunk(data.x.device) // spec.dim))
+               max(1, values_per_chunk(data.device) // spec.dim))
     sample = min(clients_at_once, data.num_clients, most)
     if declared is None or not autotune or sample <= 1:
         return ChunkChoice(declared, "model", {})
@@ -131,7 +131,7 @@ def measure(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: Client
     seeds = list(range(data.num_clients))
     declared = model.clients_per_chunk
     timings: dict[int, float] = {}
-    devices = [data.x.device] if data.x.device.type == "cuda" else []
+    devices = [data.device] if data.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         try:
             for size in sizes:
@@ -147,7 +147,7 @@ def measure(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: Client
                         raise
                     torch.cuda.empty_cache()
                     break
-                timings[size] = min(synchronised_seconds(once, data.x.device) for _ in range(2)) / data.num_clients
+                timings[size] = min(synchronised_seconds(once, data.device) for _ in range(2)) / data.num_clients
         finally:
             model.clients_per_chunk = declared
     return timings

@@ -44,9 +44,9 @@ def scoring_blocks(model: TargetModel, data: ClientSplit, dim: int,
         start, count = int(data.starts[client]), int(data.counts[client])
         if count == 0:
             continue  # nothing to score; its sums stay zero
-        rows = slice(start, start + count)
-        yield RowBlocks(torch.tensor([client], device=data.x.device), data.x[rows].unsqueeze(0),
-                        data.y[rows].unsqueeze(0), torch.ones(1, count, dtype=torch.bool, device=data.x.device))
+        x, y = data.read(torch.arange(start, start + count, device=data.device))
+        yield RowBlocks(torch.tensor([client], device=data.device), x.unsqueeze(0), y.unsqueeze(0),
+                        torch.ones(1, count, dtype=torch.bool, device=data.device))
 
 
 def sum_by_client(values: torch.Tensor, block: RowBlocks, num_clients: int) -> torch.Tensor:
@@ -152,18 +152,18 @@ def trivial_scores(train: ClientSplit, test: ClientSplit, task: Task, num_classe
     """``[N]`` each client's test metric of the trivial predictor fitted on its own training rows: its majority
     class (ties: the smaller label) for classification, its mean target for regression (MSE). The reference a
     personalised model must beat to be worth anything; NaN for a client without training or test rows."""
-    n, device = train.num_clients, train.y.device
+    n, device = train.num_clients, train.device
     owner, rows = train.row_owners()
     test_owner, test_rows = test.row_owners()
     if task == "classification":
         histogram = torch.zeros(n * num_classes, device=device)
-        histogram.index_add_(0, owner * num_classes + train.y[rows], torch.ones(len(rows), device=device))
+        histogram.index_add_(0, owner * num_classes + train.read_targets(rows), torch.ones(len(rows), device=device))
         majority = histogram.view(n, num_classes).argmax(dim=1)  # the first maximum: the smaller label on ties
-        per_row = (test.y[test_rows] == majority[test_owner]).to(torch.float32)
+        per_row = (test.read_targets(test_rows) == majority[test_owner]).to(torch.float32)
     else:
-        sums = torch.zeros(n, *train.y.shape[1:], device=device).index_add_(0, owner, train.y[rows])
+        sums = torch.zeros(n, *train.y.shape[1:], device=device).index_add_(0, owner, train.read_targets(rows))
         mean = sums / train.counts.clamp_min(1).view(-1, *[1] * (train.y.ndim - 1))
-        per_row = (test.y[test_rows] - mean[test_owner]).pow(2).reshape(len(test_rows), -1).mean(dim=1)
+        per_row = (test.read_targets(test_rows) - mean[test_owner]).pow(2).reshape(len(test_rows), -1).mean(dim=1)
     total = torch.zeros(n, device=device).index_add_(0, test_owner, per_row)
     scores = total / test.counts.clamp_min(1)
     return torch.where((train.counts > 0) & (test.counts > 0), scores, torch.nan).cpu()

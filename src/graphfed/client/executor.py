@@ -148,7 +148,7 @@ class ClientRuntime(ClientExecutor):
         #: ``privacy.mechanism: local``: every upload is clipped and noised here, before it leaves the client
         self.local_privacy = privacy if privacy is not None and privacy.mechanism == "local" else None
         self.training = rule.setting.training
-        self.device = federation.train.x.device
+        self.device = federation.train.device
         self.store = store if store is not None else ClientStateStore(torch.arange(federation.num_clients,
                                                                                    device="cpu"), self.device)
         self.evaluated_weights: torch.Tensor | None = None
@@ -271,7 +271,7 @@ class ClientRuntime(ClientExecutor):
     def _rule_forward(self, client_ids: torch.Tensor) -> Callable[[Weights, torch.Tensor, torch.Tensor], torch.Tensor]:
         """Predictions of the rule's ``eval_forward`` for clients that trained, the model's for the others."""
         train = self.federation.train.select(client_ids)
-        trained = self.store.has_trained(client_ids).to(train.x.device)  # indexed by the blocks' owners, on the device
+        trained = self.store.has_trained(client_ids).to(train.device)  # indexed by the blocks' owners, on the device
         state = self.store.get(client_ids)  # gathered once, indexed per chunk
 
         def forward(weights: Weights, x: torch.Tensor, owners: torch.Tensor) -> torch.Tensor:
@@ -308,7 +308,7 @@ class ArchitectureRuntime(ClientExecutor):
                  attack: UpdateForgery | None = None, privacy: PrivacyPlan | None = None) -> None:
         self.family, self.wire_dim = family, wire_dim
         self.splits = federation.evaluation_splits
-        self.device = federation.train.x.device
+        self.device = federation.train.device
         kept = torch.arange(federation.num_clients, device="cpu") if client_ids is None else client_ids
         self.runtimes: dict[int, ClientRuntime] = {}
         for arch, (network, rule) in enumerate(zip(networks, rules, strict=True)):

@@ -38,8 +38,8 @@ def draw_batch_indices(counts: torch.Tensor, steps: int, batch_size: int,
 def label_histogram(data: ClientSplit, num_classes: int) -> torch.Tensor:
     """``[S, classes]`` count of each label among each client's training rows."""
     owner, rows = data.row_owners()
-    counts = torch.zeros(data.num_clients * num_classes, device=data.y.device)
-    counts.index_add_(0, owner * num_classes + data.y[rows], torch.ones(len(rows), device=data.y.device))
+    counts = torch.zeros(data.num_clients * num_classes, device=data.device)
+    counts.index_add_(0, owner * num_classes + data.read_targets(rows), torch.ones(len(rows), device=data.device))
     return counts.view(data.num_clients, num_classes)
 
 

@@ -4,6 +4,10 @@ offsets and counts.
 Nothing is padded to the largest client: mini-batches gather their rows from the concatenated storage, and
 evaluation walks the rows in fixed-size blocks, so memory is the data plus what one chunk of work needs,
 however imbalanced the clients are.
+
+Every read of a split's rows goes through :meth:`ClientSplit.read`, so the rows may also stay in host memory while
+the run computes on an accelerator (``train.client_data: host``, for data larger than the device): each read then
+gathers its rows on the host into pinned memory and copies them over, and nothing else changes.
 """
 
 from __future__ import annotations
@@ -59,6 +63,16 @@ class RowBlocks:
     mask: torch.Tensor
 
 
+def _to_device(storage: torch.Tensor, host_rows: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``storage[host_rows]`` (host memory) on ``device``: gathered into pinned memory for a CUDA device, so the
+    copy is asynchronous (each read has its own buffer: no later read overwrites one still being copied)."""
+    if device.type != "cuda":
+        return storage[host_rows].to(device)
+    staging = torch.empty((len(host_rows), *storage.shape[1:]), dtype=storage.dtype, pin_memory=True)
+    torch.index_select(storage, 0, host_rows, out=staging)
+    return staging.to(device, non_blocking=True)
+
+
 @dataclass
 class ClientSplit:
     """One split (train, val or test) of some clients, stored once as concatenated rows.
@@ -87,11 +101,39 @@ class ClientSplit:
     def num_clients(self) -> int:
         return int(self.counts.shape[0])
 
-    def to(self, device: torch.device) -> ClientSplit:
-        """This split with its rows and row bookkeeping on ``device`` (itself when already there)."""
-        if self.x.device == device:
-            return self
-        return ClientSplit(self.x.to(device), self.y.to(device), self.starts.to(device), self.counts.to(device))
+    @property
+    def device(self) -> torch.device:
+        """Where this split's reads land: the run's device (the rows themselves may stay on the host)."""
+        return self.counts.device
+
+    @property
+    def rows_on_host(self) -> bool:
+        """The rows stay in host memory and each read copies its rows to :attr:`device`."""
+        return self.x.device != self.counts.device
+
+    def to(self, device: torch.device, rows_on_host: bool = False) -> ClientSplit:
+        """This split computed on ``device``: its rows and row bookkeeping moved there, or with ``rows_on_host``
+        only the bookkeeping (the rows stay in host memory; each read stages its own rows in pinned memory, so the
+        whole split is never pinned)."""
+        if not rows_on_host:
+            if self.x.device == device and self.counts.device == device:
+                return self
+            return ClientSplit(self.x.to(device), self.y.to(device), self.starts.to(device), self.counts.to(device))
+        return ClientSplit(self.x.to("cpu"), self.y.to("cpu"), self.starts.to(device), self.counts.to(device))
+
+    def read(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows ``rows`` (indices into the storage, any shape ``[...]``) as ``x [..., *features]`` and ``y``, on
+        :attr:`device`. Rows kept on the host are gathered there into (pinned) memory and copied over."""
+        if not self.rows_on_host:
+            return self.x[rows], self.y[rows]
+        host_rows = rows.to("cpu")
+        return _to_device(self.x, host_rows, self.device), _to_device(self.y, host_rows, self.device)
+
+    def read_targets(self, rows: torch.Tensor) -> torch.Tensor:
+        """``read(rows)[1]`` without reading the features."""
+        if not self.rows_on_host:
+            return self.y[rows]
+        return _to_device(self.y, rows.to("cpu"), self.device)
 
     @property
     def num_rows(self) -> int:
@@ -105,7 +147,7 @@ class ClientSplit:
     def client(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows of client ``i``."""
         start, count = int(self.starts[i]), int(self.counts[i])
-        return self.x[start:start + count], self.y[start:start + count]
+        return self.read(torch.arange(start, start + count, device=self.device))
 
     def row_owners(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(owner [R'], row [R'])``: every real row of the selected clients, with its client's position."""
@@ -121,10 +163,10 @@ class ClientSplit:
         has_rows = (self.counts > 0).view(-1, *[1] * (index.ndim - 1))
         rows = (self.starts.view(-1, *[1] * (index.ndim - 1)) + index).clamp(0, max(len(self.x) - 1, 0))
         if len(self.x) == 0:  # nothing to read anywhere
-            return (torch.zeros(*shape, *self.x.shape[1:], dtype=self.x.dtype, device=self.x.device),
-                    torch.zeros(*shape, *self.y.shape[1:], dtype=self.y.dtype, device=self.y.device))
-        flat = rows.flatten()
-        x, y = self.x[flat].view(*shape, *self.x.shape[1:]), self.y[flat].view(*shape, *self.y.shape[1:])
+            return (torch.zeros(*shape, *self.x.shape[1:], dtype=self.x.dtype, device=self.device),
+                    torch.zeros(*shape, *self.y.shape[1:], dtype=self.y.dtype, device=self.device))
+        x, y = self.read(rows.flatten())
+        x, y = x.view(*shape, *self.x.shape[1:]), y.view(*shape, *self.y.shape[1:])
         if bool(has_rows.all()):
             return x, y
         return (torch.where(has_rows.view(*has_rows.shape, *[1] * (x.ndim - index.ndim)), x, 0.0),
@@ -155,8 +197,8 @@ class ClientSplit:
             index = offset[lo:lo + blocks_per_chunk].unsqueeze(1) + local
             mask = index < self.counts[chunk_owner].unsqueeze(1)
             rows = (self.starts[chunk_owner].unsqueeze(1) + torch.where(mask, index, 0)).flatten()
-            x = self.x[rows].view(*index.shape, *self.x.shape[1:])
-            y = self.y[rows].view(*index.shape, *self.y.shape[1:])
+            x, y = self.read(rows)
+            x, y = x.view(*index.shape, *self.x.shape[1:]), y.view(*index.shape, *self.y.shape[1:])
             x[~mask] = 0.0  # padding rows are zeros (a fresh copy: the storage is untouched)
             y[~mask] = 0
             yield RowBlocks(chunk_owner, x, y, mask)
@@ -282,11 +324,12 @@ class Federation:
     def novel_client_ids(self) -> torch.Tensor:
         return torch.nonzero(self.novel_mask).flatten()
 
-    def to(self, device: torch.device) -> Federation:
-        """The clients' rows (every split) and the client graph on ``device``; ids, names and masks stay on the
-        host, where the round loop keeps its bookkeeping."""
-        if self.train.x.device == device and (self.client_graph is None or self.client_graph.device == device):
-            return self
-        return replace(self, train=self.train.to(device), val=self.val.to(device), test=self.test.to(device),
+    def to(self, device: torch.device, rows_on_host: bool = False) -> Federation:
+        """Every split and the client graph computed on ``device`` (with ``rows_on_host`` the clients' rows stay
+        in host memory: :meth:`ClientSplit.to`); ids, names and masks stay on the host, where the round loop keeps
+        its bookkeeping."""
+        splits = {name: getattr(self, name).to(device, rows_on_host) for name in ("train", "val", "test")}
+        return replace(self, **splits,
                        client_graph=None if self.client_graph is None else self.client_graph.to(device),
-                       backdoor_test=None if self.backdoor_test is None else self.backdoor_test.to(device))
+                       backdoor_test=None if self.backdoor_test is None
+                       else self.backdoor_test.to(device, rows_on_host))
