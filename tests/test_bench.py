@@ -319,6 +319,45 @@ def test_bench_reruns_a_cell_from_other_code_unless_told_to_keep_it_and_the_repo
     assert "| fedavg |" in report.read_text() and "All 1 runs are from that code." in report.read_text()
 
 
+def test_plan_counts_current_stale_and_missing_runs_and_their_time_without_running(tmp_path: Path) -> None:
+    """``graphfed bench --plan`` runs and writes nothing; it tells runs of today's code from stale and missing ones
+    and estimates the training time of the rest: a stale run by its own recorded time, a missing one by its
+    method's finished runs, else its section's."""
+    from graphfed.bench import plan_suite
+
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(yaml.safe_dump({
+        "name": "plan", "seeds": 2,
+        "base": {"torch_threads": 1, "train": {"rounds": 2, "local_steps": 2, "eval_every": 2}},
+        "datasets": {"fln": {"config": {"dataset": {"name": "fln", "num_clients": 4}},
+                             "methods": ["fedavg", "local"]}}}))
+    out = tmp_path / "out"
+    run_suite(suite, out, methods=["fedavg"], in_process=True, echo=lambda line: None)
+    stale_path = out / "runs" / "fln" / "fedavg" / "seed1" / "summary.json"
+    stale = json.loads(stale_path.read_text())
+    stale["code"] = {**stale["code"], "code_id": "0123456789abcdef"}
+    stale["wall_seconds"] = 30.0
+    stale_path.write_text(json.dumps(stale))
+    current_path = out / "runs" / "fln" / "fedavg" / "seed0" / "summary.json"
+    current = json.loads(current_path.read_text())
+    current["wall_seconds"] = 10.0
+    current_path.write_text(json.dumps(current))
+    before = sorted(path.relative_to(out) for path in out.rglob("*"))
+
+    (section,) = plan_suite(suite, out)
+    assert (section.dataset, section.current, dict(section.stale), section.missing) == (
+        "fln", 1, {"0123456789abcdef": 1}, 2)
+    # the stale run: its own 30 s; local's two missing runs: the section's mean (no local run finished), 20 s each
+    assert section.to_run == 3 and section.seconds == 30.0 + 2 * 20.0 and section.unestimated == 0
+    (only_fedavg,) = plan_suite(suite, out, methods=["fedavg"])
+    assert only_fedavg.to_run == 1 and only_fedavg.seconds == 30.0
+
+    result = CliRunner().invoke(app, ["bench", str(suite), "--out", str(out), "--plan"])
+    assert result.exit_code == 0, result.output
+    assert "01234567: 1" in result.output and "0.0 h" in result.output
+    assert sorted(path.relative_to(out) for path in out.rglob("*")) == before  # nothing run, nothing written
+
+
 def test_regression_table_adds_mae_in_data_units_mean_and_std_over_seeds(tmp_path: Path) -> None:
     suite = load_suite(SMOKE)
     cells = [cell for cell in suite_cells(suite) if cell.dataset == "fl60" and cell.method == "fedavg"]

@@ -17,8 +17,10 @@ import shlex
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -176,4 +178,61 @@ def finished_results(suite: Suite, out: Path) -> tuple[list[Cell], dict[tuple[st
     return cells, results
 
 
-__all__ = ["finished_results", "run_cells", "run_suite"]
+# ---- what a run would do -------------------------------------------------------------------------------
+
+
+@dataclass
+class SectionPlan:
+    """One dataset section of a suite as ``graphfed bench --plan`` sees it: its finished runs by code, and the
+    training time still needed to bring it to today's code."""
+
+    dataset: str
+    current: int = 0  #: runs finished by today's code: reused
+    stale: Counter[str] = field(default_factory=Counter)  #: runs finished by other code, by code id: run again
+    missing: int = 0  #: runs never finished (or finished under another config): run
+    seconds: float = 0.0  #: estimated training time of the stale and missing runs
+    unestimated: int = 0  #: stale or missing runs with nothing to estimate their time from
+
+    @property
+    def to_run(self) -> int:
+        return sum(self.stale.values()) + self.missing
+
+
+def plan_suite(suite_path: Path, out: Path, datasets: list[str] | None = None, methods: list[str] | None = None,
+               seeds: int | None = None, overrides: dict[str, Any] | None = None) -> list[SectionPlan]:
+    """What ``graphfed bench`` with the same arguments would run, without running or writing anything: per dataset
+    section, the runs finished by today's code, by other code (stale) and not at all, and an estimate of the
+    training time the stale and missing runs need. A stale run is estimated by its own recorded training time
+    (``wall_seconds``), a missing one by the mean of the same method's finished runs in that section, else of the
+    section's; process start and data loading come on top."""
+    today = current_code_id()
+    cells = suite_cells(load_suite(suite_path), datasets, methods, seeds, overrides)
+    finished = {id(cell): _finished_summary(cell.directory(out), cell.config) for cell in cells}
+    times: dict[tuple[str, str | None], list[float]] = {}
+    for cell in cells:
+        summary = finished[id(cell)]
+        if summary is not None and summary.wall_seconds is not None:
+            for key in ((cell.dataset, cell.method), (cell.dataset, None)):
+                times.setdefault(key, []).append(summary.wall_seconds)
+    plans: dict[str, SectionPlan] = {}
+    for cell in cells:
+        plan = plans.setdefault(cell.dataset, SectionPlan(cell.dataset))
+        summary = finished[id(cell)]
+        if summary is not None and code_id_of(summary) == today:
+            plan.current += 1
+            continue
+        if summary is None:
+            plan.missing += 1
+            known = times.get((cell.dataset, cell.method)) or times.get((cell.dataset, None))
+            estimate = sum(known) / len(known) if known else None
+        else:
+            plan.stale[code_id_of(summary)] += 1
+            estimate = summary.wall_seconds
+        if estimate is None:
+            plan.unestimated += 1
+        else:
+            plan.seconds += estimate
+    return list(plans.values())
+
+
+__all__ = ["SectionPlan", "finished_results", "plan_suite", "run_cells", "run_suite"]

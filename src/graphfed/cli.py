@@ -408,6 +408,9 @@ def bench(suite: Annotated[Path, typer.Argument(help="suite YAML: methods x data
           keep_stale: Annotated[bool, typer.Option(help="reuse finished cells made by other code (another code id) "
                                                    "instead of re-running them; the report marks them stale")]
           = False,
+          plan: Annotated[bool, typer.Option(help="run and write nothing: per dataset, the runs finished by today's "
+                                             "code, by other code (stale) and not at all, and the training time "
+                                             "the rest needs")] = False,
           verbose: bool = False) -> None:
     """Run a benchmark suite (resumable: finished cells are skipped) and write OUT/report.md (or the suite's
     report name)."""
@@ -417,6 +420,12 @@ def bench(suite: Annotated[Path, typer.Argument(help="suite YAML: methods x data
     from graphfed.config import apply_overrides
 
     _setup_logging(verbose)
+    if plan:
+        try:
+            _print_plan(suite, out, _names(datasets), _names(methods), seeds, apply_overrides({}, overrides or []))
+        except GraphfedError as err:
+            _fail(str(err), EXIT_CONFIG)
+        return
     _check_out(out)
     try:
         extra = apply_overrides({}, overrides or [])
@@ -439,6 +448,33 @@ def bench(suite: Annotated[Path, typer.Argument(help="suite YAML: methods x data
     console.print(f"report: [bold]{report}[/bold]")
     if not all_done and not report_only:
         _fail(f"some cells did not complete; see {report}", EXIT_RUN)
+
+
+def _print_plan(suite: Path, out: Path, datasets: list[str] | None, methods: list[str] | None, seeds: int | None,
+                overrides: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from graphfed.bench import plan_suite
+    from graphfed.report.suite import current_code_id
+
+    plans = plan_suite(suite, out, datasets, methods, seeds, overrides)
+    table = Table(title=f"{suite} in {out}: today's code {current_code_id()}")
+    for column in ("dataset", "current", "stale (code: runs)", "missing", "to run", "training time"):
+        table.add_column(column, justify="left" if column in ("dataset", "stale (code: runs)") else "right")
+
+    def hours(plan_seconds: float, unestimated: int) -> str:
+        return f"{plan_seconds / 3600:.1f} h" + (f" + {unestimated} unknown" if unestimated else "")
+
+    for section in plans:
+        stale = ", ".join(f"{code[:8]}: {count}" for code, count in section.stale.most_common()) or "-"
+        table.add_row(section.dataset, str(section.current), stale, str(section.missing), str(section.to_run),
+                      hours(section.seconds, section.unestimated))
+    table.add_row("all", str(sum(p.current for p in plans)), str(sum(sum(p.stale.values()) for p in plans)),
+                  str(sum(p.missing for p in plans)), str(sum(p.to_run for p in plans)),
+                  hours(sum(p.seconds for p in plans), sum(p.unestimated for p in plans)))
+    console.print(table)
+    console.print("training time: each stale run's own recorded time, each missing run the mean of its method's "
+                  "(else its section's) finished runs; process start and data loading come on top")
 
 
 def _names(text: str | None) -> list[str] | None:
