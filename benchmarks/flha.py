@@ -211,6 +211,14 @@ def is_stale(name: str, reference_code: str) -> bool:
     return summary is not None and code_id_of(summary) != reference_code
 
 
+def predates_provenance(name: str) -> bool:
+    """A cell run before runs recorded their code: by code that scored BatchNorm in blocks of class-sorted rows."""
+    from graphfed.provenance import UNRECORDED, code_id_of
+
+    summary = summary_of(name)
+    return summary is not None and code_id_of(summary) == UNRECORDED
+
+
 def mark(label: str, name: str, reference_code: str) -> str:
     return f"{label} †" if is_stale(name, reference_code) else label
 
@@ -237,22 +245,24 @@ CLAIMS = [
 
 def verdict_rows(reference_code: str) -> list[str]:
     """The claims in the reproduction report's format, decided by its rule (graphfed.report.verdicts) on the
-    per-seed mean over clients; a cell from other code is left out (stale)."""
+    per-seed mean over clients. A cell from before provenance is left out (its BatchNorm scores depended on row
+    order); a cell from other recorded code is used and marked stale (†)."""
     from graphfed.report.verdicts import compare_against, seeds_to_decide, verdict
 
     lines = ["| claim | paper | paper's numbers | here | verdict |", "|---|---|---|---|---|"]
     for claim, table, numbers, ours, theirs in CLAIMS:
         a, b = summary_of(ours), summary_of(theirs)
-        if a is None or b is None or is_stale(ours, reference_code) or is_stale(theirs, reference_code):
-            missing = [n for n, s in ((ours, a), (theirs, b)) if s is None or is_stale(n, reference_code)]
-            lines.append(f"| {claim} | seed 001, {table} | {numbers} | not run with today's code: "
+        if a is None or b is None or predates_provenance(ours) or predates_provenance(theirs):
+            missing = [n for n, s in ((ours, a), (theirs, b)) if s is None or predates_provenance(n)]
+            lines.append(f"| {claim} | seed 001, {table} | {numbers} | not run since BatchNorm scoring was fixed: "
                          f"{', '.join(missing)} | not run yet |")
             continue
         comparisons = compare_against([a.test_mean], {theirs: [b.test_mean]}, higher_is_better=True)
         needed = seeds_to_decide(comparisons)
         text = verdict(comparisons) + ("" if needed is None else f"; ~{needed} seeds per method would decide")
-        lines.append(f"| {claim} | seed 001, {table} | {numbers} | `{ours}` {percent(a.test_mean)} vs `{theirs}` "
-                     f"{percent(b.test_mean)} (n=1 each: one seed tests nothing) | {text} |")
+        lines.append(f"| {claim} | seed 001, {table} | {numbers} | `{mark(ours, ours, reference_code)}` "
+                     f"{percent(a.test_mean)} vs `{mark(theirs, theirs, reference_code)}` {percent(b.test_mean)} "
+                     f"(n=1 each: one seed tests nothing) | {text} |")
     return lines
 
 
@@ -400,10 +410,13 @@ def simple_rows(names: list[tuple[str, str]], archs: list[str]) -> list[str]:
 def render(reference_code: str | None = None) -> str:
     """The report's text, from the run directories alone; cells whose code id is not ``reference_code`` (default:
     the running code's) are marked stale (†)."""
-    from graphfed.provenance import code_provenance
+    from graphfed.provenance import code_id_of, code_provenance
 
     reference_code = reference_code or str(code_provenance()["code_id"])
     stale = [name for name in cells() if is_stale(name, reference_code)]
+    unrecorded = [name for name in stale if predates_provenance(name)]
+    later = {name: code_id_of(summary) for name in stale if name not in unrecorded
+             and (summary := summary_of(name)) is not None}
     lines = ["# FLHA-GHN on a 2-core CPU: the paper's experiments at a reduced budget", "",
              "Produced by `.venv/bin/python benchmarks/flha.py run` (the runs, resumable) and "
              "`.venv/bin/python benchmarks/flha.py report` (this file, from `runs/*/summary.json` alone).", "",
@@ -418,11 +431,14 @@ def render(reference_code: str | None = None) -> str:
              "", "Cells marked *not run* did not fit the CPU time of the session that produced this report (a cell "
              "takes 2-6 minutes on 2 cores); `benchmarks/flha.py run` runs exactly those (finished cells are "
              "skipped) and `report` rewrites this file.",
-             "", f"Code: this report was written by code id `{reference_code}`. Cells marked † come from earlier code "
-             "that scored BatchNorm networks in 256-row blocks of class-sorted rows (so a block saw a few classes and "
-             "its statistics depended on row order); today's code scores each client's whole split as one batch. "
-             f"Stale cells ({len(stale)}): {', '.join(stale) or 'none'}; `benchmarks/flha.py run` re-runs a cell "
-             "once its directory is removed.",
+             "", f"Code: this report was written by code id `{reference_code}`. Cells marked † come from other code. "
+             f"Those that predate recorded code ids ({len(unrecorded)}: {', '.join(unrecorded) or 'none'}) scored "
+             "BatchNorm networks in 256-row blocks of class-sorted rows (so a block saw a few classes and its "
+             "statistics depended on row order); today's code scores each client's whole split as one batch, and "
+             "the verdicts leave those cells out. The others "
+             f"({len(later)}: {', '.join(f'{name} (code {code})' for name, code in later.items()) or 'none'}) ran "
+             "after that fix, by code since changed elsewhere: they are used, marked †, until re-run. "
+             "`benchmarks/flha.py run` re-runs a cell once its directory is removed.",
              "", "## Verdicts", "",
              "The reproduction report's rule (`graphfed/report/verdicts.py`: Welch's t-test over seeds at 5 %) on "
              "the mean over clients of each cell; with one seed per cell nothing can be decided, and the table says "
