@@ -358,6 +358,27 @@ def test_plan_counts_current_stale_and_missing_runs_and_their_time_without_runni
     assert sorted(path.relative_to(out) for path in out.rglob("*")) == before  # nothing run, nothing written
 
 
+def test_a_report_rewrite_lists_a_stopped_run_as_not_completed_never_as_not_run(tmp_path: Path) -> None:
+    """A run that stopped (say, on a NaN update) is part of the evidence: ``--report-only`` names it and why, as the
+    invocation that ran it did, rather than calling the cell not run."""
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(yaml.safe_dump({
+        "name": "stopped", "seeds": 1,
+        "base": {"torch_threads": 1, "train": {"rounds": 2, "local_steps": 2, "eval_every": 2}},
+        "datasets": {"fln": {"config": {"dataset": {"name": "fln", "num_clients": 4}},
+                             "methods": ["fedavg", "local"]}}}))
+    out = tmp_path / "out"
+    run_suite(suite, out, in_process=True, echo=lambda line: None)
+    path = out / "runs" / "fln" / "local" / "seed0" / "summary.json"
+    summary = json.loads(path.read_text())
+    summary["status"] = "stopped: round 2: non-finite (NaN/Inf) update from client(s) 1"
+    path.write_text(json.dumps(summary))
+    report, _ = run_suite(suite, out, in_process=True, echo=lambda line: None, report_only=True)
+    text = report.read_text()
+    assert "Not completed (left out of the table): `local`: stopped: round 2: non-finite" in text
+    assert "Not run yet" not in text and "| fedavg |" in text
+
+
 def test_regression_table_adds_mae_in_data_units_mean_and_std_over_seeds(tmp_path: Path) -> None:
     suite = load_suite(SMOKE)
     cells = [cell for cell in suite_cells(suite) if cell.dataset == "fl60" and cell.method == "fedavg"]

@@ -67,8 +67,20 @@ def _ran_with_options(summary: RunResult, config: RunConfig) -> bool:
 def _finished_summary(directory: Path, config: RunConfig) -> RunResult | None:
     """The completed summary of this config in ``directory``, if there is one, whatever code produced it (the
     report marks a run from other code as stale)."""
-    summary = _completed_summary(directory) if _same_config(directory, config) else None
-    return summary if summary is not None and _ran_with_options(summary, config) else None
+    summary = _recorded_summary(directory, config)
+    return summary if summary is not None and summary.completed else None
+
+
+def _recorded_summary(directory: Path, config: RunConfig) -> RunResult | None:
+    """The summary of this config in ``directory`` whether its run completed or stopped (a report lists a stopped
+    run, e.g. one that met a NaN update, among the cells that did not complete), else None."""
+    if not _same_config(directory, config):
+        return None
+    try:
+        summary = runs.read_result(directory)
+    except (OSError, UntrustedInputError):
+        return None
+    return summary if _ran_with_options(summary, config) else None
 
 
 @contextmanager
@@ -160,21 +172,21 @@ def run_suite(suite_path: Path, out: Path, datasets: list[str] | None = None, me
     # The report covers the whole suite: cells a filtered invocation skipped count if an earlier one finished them.
     for cell in cells:
         if cell not in selected:
-            finished = _finished_summary(cell.directory(out), cell.config)
-            results.setdefault((cell.dataset, cell.method), []).append(finished or RunResult(status=NOT_RUN))
+            recorded = _recorded_summary(cell.directory(out), cell.config)
+            results.setdefault((cell.dataset, cell.method), []).append(recorded or RunResult(status=NOT_RUN))
     command = command or shlex.join(["graphfed", "bench", str(suite_path), "--out", str(out)])
     report = write_report(suite, cells, results, out, None if report_only else command, time.perf_counter() - begin)
     return report, all_done
 
 
 def finished_results(suite: Suite, out: Path) -> tuple[list[Cell], dict[tuple[str, str], list[RunResult]]]:
-    """Every cell of ``suite`` and, per (dataset, method), the finished summaries in ``out`` (or a "not run"
-    marker): what a report is written from."""
+    """Every cell of ``suite`` and, per (dataset, method), the recorded summaries in ``out`` (completed or stopped;
+    a "not run" marker where there is none): what a report is written from."""
     cells = suite_cells(suite)
     results: dict[tuple[str, str], list[RunResult]] = {}
     for cell in cells:
-        finished = _finished_summary(cell.directory(out), cell.config)
-        results.setdefault((cell.dataset, cell.method), []).append(finished or RunResult(status=NOT_RUN))
+        recorded = _recorded_summary(cell.directory(out), cell.config)
+        results.setdefault((cell.dataset, cell.method), []).append(recorded or RunResult(status=NOT_RUN))
     return cells, results
 
 
