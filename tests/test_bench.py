@@ -283,16 +283,30 @@ def test_paper_suite_is_valid_and_covers_the_issue_grid() -> None:
     assert any(c.config.train.late_clients == 2 and c.config.method.name == "pfedgat" for c in cells)
 
 
+def _tiny_fln_suite(tmp_path: Path, name: str, seeds: int, methods: list[str]) -> Path:
+    """A two-round FL-N suite of ``methods`` x ``seeds`` (a few seconds per run)."""
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(yaml.safe_dump({
+        "name": name, "seeds": seeds,
+        "base": {"torch_threads": 1, "train": {"rounds": 2, "local_steps": 2, "eval_every": 2}},
+        "datasets": {"fln": {"config": {"dataset": {"name": "fln", "num_clients": 4}}, "methods": methods}}}))
+    return suite
+
+
+def _edit_summary(out: Path, method: str, seed: int, **changes: object) -> dict:
+    """Overwrite fields of a finished run's summary.json (what another code version or a stopped run wrote)."""
+    path = out / "runs" / "fln" / method / f"seed{seed}" / "summary.json"
+    summary = {**json.loads(path.read_text()), **changes}
+    path.write_text(json.dumps(summary))
+    return summary
+
+
 def test_bench_reruns_a_cell_from_other_code_unless_told_to_keep_it_and_the_report_marks_it(tmp_path: Path) -> None:
     """summary.json records the code id; a finished cell whose code id is not today's is run again, or, with
     keep_stale, kept and marked stale (†) in its table with its code id."""
     from graphfed.provenance import code_provenance
 
-    suite = tmp_path / "suite.yaml"
-    suite.write_text(yaml.safe_dump({
-        "name": "provenance", "seeds": 1,
-        "base": {"torch_threads": 1, "train": {"rounds": 2, "local_steps": 2, "eval_every": 2}},
-        "datasets": {"fln": {"config": {"dataset": {"name": "fln", "num_clients": 4}}, "methods": ["fedavg"]}}}))
+    suite = _tiny_fln_suite(tmp_path, "provenance", 1, ["fedavg"])
     out = tmp_path / "out"
     run_suite(suite, out, in_process=True, echo=lambda line: None)
     summary_path = out / "runs" / "fln" / "fedavg" / "seed0" / "summary.json"
@@ -302,8 +316,7 @@ def test_bench_reruns_a_cell_from_other_code_unless_told_to_keep_it_and_the_repo
     run_suite(suite, out, in_process=True, echo=lines.append)
     assert any("done before, skipped" in line for line in lines)  # today's code: reused
 
-    summary["code"] = {**summary["code"], "code_id": "0123456789abcdef"}
-    summary_path.write_text(json.dumps(summary))
+    _edit_summary(out, "fedavg", 0, code={**summary["code"], "code_id": "0123456789abcdef"})
     lines.clear()
     report, _ = run_suite(suite, out, in_process=True, echo=lines.append, keep_stale=True)
     assert any("by other code (0123456789abcdef), kept" in line for line in lines)
@@ -325,23 +338,12 @@ def test_plan_counts_current_stale_and_missing_runs_and_their_time_without_runni
     method's finished runs, else its section's."""
     from graphfed.bench import plan_suite
 
-    suite = tmp_path / "suite.yaml"
-    suite.write_text(yaml.safe_dump({
-        "name": "plan", "seeds": 2,
-        "base": {"torch_threads": 1, "train": {"rounds": 2, "local_steps": 2, "eval_every": 2}},
-        "datasets": {"fln": {"config": {"dataset": {"name": "fln", "num_clients": 4}},
-                             "methods": ["fedavg", "local"]}}}))
+    suite = _tiny_fln_suite(tmp_path, "plan", 2, ["fedavg", "local"])
     out = tmp_path / "out"
     run_suite(suite, out, methods=["fedavg"], in_process=True, echo=lambda line: None)
-    stale_path = out / "runs" / "fln" / "fedavg" / "seed1" / "summary.json"
-    stale = json.loads(stale_path.read_text())
-    stale["code"] = {**stale["code"], "code_id": "0123456789abcdef"}
-    stale["wall_seconds"] = 30.0
-    stale_path.write_text(json.dumps(stale))
-    current_path = out / "runs" / "fln" / "fedavg" / "seed0" / "summary.json"
-    current = json.loads(current_path.read_text())
-    current["wall_seconds"] = 10.0
-    current_path.write_text(json.dumps(current))
+    code = json.loads((out / "runs" / "fln" / "fedavg" / "seed1" / "summary.json").read_text())["code"]
+    _edit_summary(out, "fedavg", 1, code={**code, "code_id": "0123456789abcdef"}, wall_seconds=30.0)
+    _edit_summary(out, "fedavg", 0, wall_seconds=10.0)
     before = sorted(path.relative_to(out) for path in out.rglob("*"))
 
     (section,) = plan_suite(suite, out)
@@ -361,18 +363,10 @@ def test_plan_counts_current_stale_and_missing_runs_and_their_time_without_runni
 def test_a_report_rewrite_lists_a_stopped_run_as_not_completed_never_as_not_run(tmp_path: Path) -> None:
     """A run that stopped (say, on a NaN update) is part of the evidence: ``--report-only`` names it and why, as the
     invocation that ran it did, rather than calling the cell not run."""
-    suite = tmp_path / "suite.yaml"
-    suite.write_text(yaml.safe_dump({
-        "name": "stopped", "seeds": 1,
-        "base": {"torch_threads": 1, "train": {"rounds": 2, "local_steps": 2, "eval_every": 2}},
-        "datasets": {"fln": {"config": {"dataset": {"name": "fln", "num_clients": 4}},
-                             "methods": ["fedavg", "local"]}}}))
+    suite = _tiny_fln_suite(tmp_path, "stopped", 1, ["fedavg", "local"])
     out = tmp_path / "out"
     run_suite(suite, out, in_process=True, echo=lambda line: None)
-    path = out / "runs" / "fln" / "local" / "seed0" / "summary.json"
-    summary = json.loads(path.read_text())
-    summary["status"] = "stopped: round 2: non-finite (NaN/Inf) update from client(s) 1"
-    path.write_text(json.dumps(summary))
+    _edit_summary(out, "local", 0, status="stopped: round 2: non-finite (NaN/Inf) update from client(s) 1")
     report, _ = run_suite(suite, out, in_process=True, echo=lambda line: None, report_only=True)
     text = report.read_text()
     assert "Not completed (left out of the table): `local`: stopped: round 2: non-finite" in text
