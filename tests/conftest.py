@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import http.server
 import json
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -140,3 +142,42 @@ def registered_dataset(name: str, build: Callable[..., Any], task: str) -> Itera
         yield
     finally:
         DATASETS.pop(name, None)
+
+
+class LoopbackHandler(http.server.BaseHTTPRequestHandler):
+    """A publisher on 127.0.0.1 for the fetch tests: serves ``files`` (path -> bytes), honours range requests."""
+
+    files: ClassVar[dict[str, bytes]] = {}
+    ranges_seen: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        body = self.files.get(self.path)
+        if body is None:
+            self.send_error(404, "Not Found")
+            return
+        requested = self.headers.get("Range")
+        if requested:
+            self.ranges_seen.append(requested)
+            start = int(requested.removeprefix("bytes=").split("-")[0])
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+            body = body[start:]
+        else:
+            self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    LoopbackHandler.files, LoopbackHandler.ranges_seen = {}, []
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), LoopbackHandler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()

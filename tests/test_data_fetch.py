@@ -5,18 +5,15 @@ and archives whose members would land outside the target folder."""
 from __future__ import annotations
 
 import hashlib
-import http.server
 import io
 import socket
 import tarfile
-import threading
-from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 from typer.testing import CliRunner
 
+from conftest import LoopbackHandler
 from graphfed.cli import app
 from graphfed.data import fetch
 from graphfed.data.fetch import RemoteFile, Source, safe_extract
@@ -25,48 +22,11 @@ from graphfed.errors import DataError, DataMissingError
 PAYLOAD = bytes(range(256)) * 4096  # 1 MiB, so a download spans several chunks
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    files: ClassVar[dict[str, bytes]] = {}
-    ranges_seen: ClassVar[list[str]] = []
-
-    def do_GET(self) -> None:
-        body = self.files.get(self.path)
-        if body is None:
-            self.send_error(404, "Not Found")
-            return
-        requested = self.headers.get("Range")
-        if requested:
-            self.ranges_seen.append(requested)
-            start = int(requested.removeprefix("bytes=").split("-")[0])
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
-            body = body[start:]
-        else:
-            self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def server() -> Iterator[str]:
-    _Handler.files, _Handler.ranges_seen = {}, []
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
-
-
 def _publish(monkeypatch: pytest.MonkeyPatch, url: str, served: bytes | None, published: bytes = PAYLOAD) -> Source:
     """A dataset ``toy`` whose one file the server serves (``served``; None: not at all) and whose publisher's
     checksum and size are those of ``published``."""
     if served is not None:
-        _Handler.files["/toy.bin"] = served
+        LoopbackHandler.files["/toy.bin"] = served
     source = Source("toy", "toy", "toy", "test", "a test file",
                     (RemoteFile("toy.bin", f"{url}/toy.bin", len(published),
                                 hashlib.md5(published, usedforsecurity=False).hexdigest()),))
@@ -108,7 +68,7 @@ def test_an_interrupted_download_resumes_with_a_range_request(server: str, tmp_p
     (tmp_path / "toy" / "toy.bin.part").write_bytes(PAYLOAD[:half])  # what an interrupted download left
     assert fetch.file_status(tmp_path / "toy", fetch.SOURCES["toy"].files[0]) == "partial"
     fetch.fetch("toy", tmp_path, progress=False)
-    assert _Handler.ranges_seen == [f"bytes={half}-"]  # only the missing bytes were asked for
+    assert LoopbackHandler.ranges_seen == [f"bytes={half}-"]  # only the missing bytes were asked for
     assert (tmp_path / "toy" / "toy.bin").read_bytes() == PAYLOAD
 
 
@@ -213,14 +173,14 @@ def test_a_dated_file_is_fetched_under_the_publishers_current_date(server: str, 
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """NOAA renames its nClimDiv files each month: fetch reads the date stamp, then downloads that file."""
     _publish_dated(monkeypatch, server)
-    _Handler.files.update({"/procdate.txt": b"20240105\n", "/series-20240105": PAYLOAD,
+    LoopbackHandler.files.update({"/procdate.txt": b"20240105\n", "/series-20240105": PAYLOAD,
                            "/series-20231204": b"an older issue"})
     assert fetch.fetch("toy", tmp_path, progress=False) == [
         "series-20240105: downloaded (no published checksum)"]
     assert (tmp_path / "toy" / "series-20240105").read_bytes() == PAYLOAD
     remote = fetch.SOURCES["toy"].files[0]
     assert fetch.file_status(tmp_path / "toy", remote) == "present"
-    _Handler.files["/procdate.txt"] = b"20240206"  # a newer issue: what is there already is kept, not re-fetched
+    LoopbackHandler.files["/procdate.txt"] = b"20240206"  # a newer issue: what is there already is kept, not re-fetched
     assert fetch.fetch("toy", tmp_path, progress=False) == ["series-20240105: already there (present)"]
 
 
@@ -228,7 +188,7 @@ def test_a_dated_file_is_fetched_under_the_publishers_current_date(server: str, 
 def test_a_date_stamp_that_is_not_a_date_is_refused_before_any_download(
         server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stamp: bytes) -> None:
     _publish_dated(monkeypatch, server)
-    _Handler.files["/procdate.txt"] = stamp
+    LoopbackHandler.files["/procdate.txt"] = stamp
     with pytest.raises(DataError, match=r"procdate.txt: expected a date stamp YYYYMMDD"):
         fetch.fetch("toy", tmp_path, progress=False)
     assert not (tmp_path / "toy").exists() or not any((tmp_path / "toy").iterdir())

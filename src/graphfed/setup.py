@@ -81,9 +81,7 @@ def clients_rows_on_host(config: RunConfig, federation: Federation, device: torc
         return True
     if device.type == "cpu":
         return False
-    splits = [federation.train, federation.val, federation.test]
-    if federation.backdoor_test is not None:
-        splits.append(federation.backdoor_test)
+    splits = [federation.train, *(getattr(federation, name) for name in federation.evaluation_splits)]
     needed = sum(split.x.nbytes + split.y.nbytes for split in splits)
     if config.train.client_data == "auto":
         return not fits(needed, device)

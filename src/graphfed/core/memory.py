@@ -22,19 +22,22 @@ def available_memory_bytes(device: torch.device | None = None) -> int | None:
         return None
 
 
+def _within(needed_bytes: float, available: int) -> bool:
+    return needed_bytes <= 0.8 * available
+
+
 def fits(needed_bytes: float, device: torch.device | None = None) -> bool:
     """``needed_bytes`` fit in 80 % of the memory available on ``device`` (default: the host), or nothing says."""
     available = available_memory_bytes(device)
-    return available is None or needed_bytes <= 0.8 * available
+    return available is None or _within(needed_bytes, available)
 
 
 def check_fits(needed_bytes: float, what: str, advice: str, device: torch.device | None = None) -> None:
     """Raise ``ConfigError`` (exit 2, one line) when ``what`` needs more than 80 % of the memory available on
     ``device`` (default: the host)."""
-    if fits(needed_bytes, device):
+    available = available_memory_bytes(device)  # asked once: the message names the figure the check used
+    if available is None or _within(needed_bytes, available):
         return
-    available = available_memory_bytes(device)
-    assert available is not None  # fits() is True when nothing says
     from graphfed.errors import ConfigError
 
     where = "on the host" if device is None or device.type == "cpu" else f"on {device}"

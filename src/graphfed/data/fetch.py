@@ -83,6 +83,14 @@ class Source:
     #: other layouts of the same data (this project's own, e.g. a JPEG re-encoding): folder -> (the dataset.name
     #: that reads it, what it is)
     alternatives: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: what the loader reads when it is built from ``files`` rather than being one of them: the sub-folders the
+    #: build writes, and the build (the dataset's folder, a line printer) -> one line per file written
+    built: tuple[str, ...] = ()
+    build: Callable[[Path, Callable[[str], None]], list[str]] | None = None
+
+    def is_built(self, folder: Path) -> bool:
+        return bool(self.built) and all((folder / part).is_dir() and any((folder / part).iterdir())
+                                        for part in self.built)
 
 
 _MNIST = "https://ossci-datasets.s3.amazonaws.com/mnist/"
@@ -90,6 +98,16 @@ _FASHION = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
 _DCRNN = "https://raw.githubusercontent.com/liyaguang/DCRNN/master/data/sensor_graph/"
 _DCRNN_DATA = "https://github.com/liyaguang/DCRNN#data-preparation"
 _CLIMDIV = "https://www.ncei.noaa.gov/pub/data/cirs/climdiv/"
+
+_SD19 = "https://s3.amazonaws.com/nist-srd/SD19/"
+
+
+def _build_femnist(folder: Path, echo: Callable[[str], None]) -> list[str]:
+    from graphfed.data.leaf_femnist import build_shards
+
+    shards = build_shards(folder / "by_class.zip", folder / "by_write.zip", folder, echo=echo)
+    return [f"{path.parent.name}/{path.name}: built" for path in shards]
+
 
 SOURCES: dict[str, Source] = {source.name: source for source in (
     Source("mnist", "mnist", "mnist", "CC BY-SA 3.0 (LeCun, Cortes, Burges)",
@@ -145,10 +163,11 @@ SOURCES: dict[str, Source] = {source.name: source for source in (
            (RemoteFile("climdiv-tmpcst-v1.0.0-{date}", _CLIMDIV + "climdiv-tmpcst-v1.0.0-{date}",
                        dated_by=_CLIMDIV + "procdate.txt", aliases=("tpt48_monthly_tavg_F_1895-2019.csv",)),)),
     Source("femnist", "femnist", "femnist", "LEAF: BSD-2-Clause; NIST SD19: public domain",
-           "FEMNIST (LEAF): handwritten characters by writer, 62 classes; LEAF's preprocessing turns NIST SD19 into "
+           "FEMNIST (LEAF): handwritten characters by writer, 62 classes; built the LEAF way (niid, 5 % of the "
+           "samples, 90/10 split per writer, LEAF's seeds) from NIST SD19's by_class and by_write archives into "
            "train/*.json.gz and test/*.json.gz shards",
-           (RemoteFile("train", "https://github.com/TalwalkarLab/leaf/tree/master/data/femnist", manual=True),
-            RemoteFile("test", "https://github.com/TalwalkarLab/leaf/tree/master/data/femnist", manual=True))),
+           (RemoteFile("by_class.zip", _SD19 + "by_class.zip"), RemoteFile("by_write.zip", _SD19 + "by_write.zip")),
+           built=("train", "test"), build=_build_femnist),
 )}
 
 
@@ -282,6 +301,8 @@ def fetch(name: str, data_dir: Path, progress: bool = True, timeout: float = 30.
     error naming each one's source and destination, after everything downloadable was fetched."""
     entry = source(name)
     folder = data_dir / entry.folder
+    if entry.is_built(folder):
+        return [f"{part}/: already there (built)" for part in entry.built]
     lines, manual = [], []
     for remote in entry.files:
         status = file_status(folder, remote)
@@ -298,6 +319,8 @@ def fetch(name: str, data_dir: Path, progress: bool = True, timeout: float = 30.
             lines.append(f"{remote.name}: {written} files unpacked into {folder / remote.extract_to}")
     if manual:
         raise DataMissingError(f"{name}: not downloadable directly, fetch by hand: {'; '.join(manual)}")
+    if entry.build is not None:
+        lines += entry.build(folder, print if progress else lambda _: None)
     return lines
 
 
@@ -369,7 +392,8 @@ def list_data(data_dir: Path) -> list[FolderStatus]:
     for entry in SOURCES.values():
         folder = data_dir / entry.folder
         known.add(entry.folder)
-        statuses = {remote.name: file_status(folder, remote) for remote in entry.files}
+        statuses = ({part: "present" for part in entry.built} if entry.is_built(folder)
+                    else {remote.name: file_status(folder, remote) for remote in entry.files})
         worst = min(statuses.values(), key=order.index)
         odd = [f"{name}: {status}" for name, status in statuses.items() if status != worst or worst != "verified"]
         detail = entry.description if worst in ("verified", "present") else "; ".join(odd)
