@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from graphfed import bench, runs
-from graphfed.bench import run_suite
+from graphfed.bench import plan_suite, run_suite
 from graphfed.cli import app
 from graphfed.config import ConfigError
 from graphfed.report import suite as suite_report
@@ -336,8 +336,6 @@ def test_plan_counts_current_stale_and_missing_runs_and_their_time_without_runni
     """``graphfed bench --plan`` runs and writes nothing; it tells runs of today's code from stale and missing ones
     and estimates the training time of the rest: a stale run by its own recorded time, a missing one by its
     method's finished runs, else its section's."""
-    from graphfed.bench import plan_suite
-
     suite = _tiny_fln_suite(tmp_path, "plan", 2, ["fedavg", "local"])
     out = tmp_path / "out"
     run_suite(suite, out, methods=["fedavg"], in_process=True, echo=lambda line: None)
@@ -371,6 +369,24 @@ def test_a_report_rewrite_lists_a_stopped_run_as_not_completed_never_as_not_run(
     text = report.read_text()
     assert "Not completed (left out of the table): `local`: stopped: round 2: non-finite" in text
     assert "Not run yet" not in text and "| fedavg |" in text
+
+    # The stop is the run's own outcome, which today's code reproduces: bench keeps it rather than running it
+    # again on every invocation, and --plan counts it as current; from other code it is stale like any run.
+    (section,) = plan_suite(suite, out)
+    assert (section.current, section.missing, section.to_run) == (2, 0, 0)
+    lines: list[str] = []
+    run_suite(suite, out, in_process=True, echo=lines.append)
+    assert any("local seed 0: ended before (stopped: round 2: non-finite" in line and line.endswith("skipped")
+               for line in lines)
+    assert not any("running" in line for line in lines)
+    code = json.loads((out / "runs" / "fln" / "local" / "seed0" / "summary.json").read_text())["code"]
+    _edit_summary(out, "local", 0, code={**code, "code_id": "0123456789abcdef"})
+    (section,) = plan_suite(suite, out)
+    assert dict(section.stale) == {"0123456789abcdef": 1} and section.to_run == 1
+    lines.clear()
+    run_suite(suite, out, methods=["local"], in_process=True, echo=lines.append)
+    assert any("local seed 0: finished by other code" in line for line in lines)
+    assert json.loads((out / "runs" / "fln" / "local" / "seed0" / "summary.json").read_text())["status"] == "completed"
 
 
 def test_regression_table_adds_mae_in_data_units_mean_and_std_over_seeds(tmp_path: Path) -> None:

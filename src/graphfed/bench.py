@@ -4,9 +4,10 @@ The suite file (the grid, the papers' numbers and claims) is described in :mod:`
 is written by :mod:`graphfed.report.suite`.
 
 Every cell runs in its own directory ``OUT/runs/<dataset key>/<method>/seed<k>``. A cell whose directory holds
-a completed summary of the same config is skipped; one with a checkpoint of the same config resumes from it, so
-an interrupted grid continues where it stopped. By default each cell runs in a fresh ``graphfed run``
-process, which isolates failures and makes each summary's ``peak_rss_mb`` that cell's own peak memory.
+a summary of the same config and today's code that ended (completed, or stopped by its own numbers) is skipped;
+one with a checkpoint of the same config resumes from it, so an interrupted grid continues where it stopped.
+By default each cell runs in a fresh ``graphfed run`` process, which isolates failures and makes each summary's
+``peak_rss_mb`` that cell's own peak memory.
 """
 
 
@@ -46,12 +47,19 @@ def _same_config(directory: Path, config: RunConfig) -> bool:
         return False
 
 
-def _completed_summary(directory: Path) -> RunResult | None:
+def _ended(summary: RunResult) -> bool:
+    """The run reached its end: it completed, or its own numbers stopped it (``stopped: ...``: a NaN update, a
+    solver short of its tolerance), which the same code and config reproduce, so running it again adds nothing.
+    A cell that failed (``failed: ...``: bad input, a crash) or was interrupted has not ended."""
+    return summary.completed or summary.status.startswith("stopped:")
+
+
+def _ended_summary(directory: Path) -> RunResult | None:
     try:
         summary = runs.read_result(directory)
     except (OSError, UntrustedInputError):
         return None
-    return summary if summary.completed else None
+    return summary if _ended(summary) else None
 
 
 def _ran_with_options(summary: RunResult, config: RunConfig) -> bool:
@@ -65,10 +73,10 @@ def _ran_with_options(summary: RunResult, config: RunConfig) -> bool:
 
 
 def _finished_summary(directory: Path, config: RunConfig) -> RunResult | None:
-    """The completed summary of this config in ``directory``, if there is one, whatever code produced it (the
-    report marks a run from other code as stale)."""
+    """The summary of this config's ended run (completed or stopped) in ``directory``, if there is one, whatever
+    code produced it (the report marks a run from other code as stale)."""
     summary = _recorded_summary(directory, config)
-    return summary if summary is not None and summary.completed else None
+    return summary if summary is not None and _ended(summary) else None
 
 
 def _recorded_summary(directory: Path, config: RunConfig) -> RunResult | None:
@@ -131,18 +139,19 @@ def run_cells(cells: list[Cell], out: Path, in_process: bool = False, data_dir: 
             directory = cell.directory(out)
             label = f"[{index}/{len(cells)}] {cell.dataset} {cell.method} seed {cell.config.seed}"
             same_config = _same_config(directory, cell.config)  # read config.yaml once per cell
-            completed = _completed_summary(directory) if same_config else None
-            summary = completed if completed is not None and _ran_with_options(completed, cell.config) else None
+            ended = _ended_summary(directory) if same_config else None
+            summary = ended if ended is not None and _ran_with_options(ended, cell.config) else None
             stale = summary is not None and code_id_of(summary) != today
             if summary is not None and (keep_stale or not stale):
-                echo(f"{label}: done before{f' by other code ({code_id_of(summary)}), kept' if stale else ''}, "
+                before = "done before" if summary.completed else f"ended before ({summary.status})"
+                echo(f"{label}: {before}{f' by other code ({code_id_of(summary)}), kept' if stale else ''}, "
                      "skipped")
             else:
                 if stale:
                     echo(f"{label}: finished by other code (code id {code_id_of(summary)}; today {today}), "
                          "running again")
                 # a run completed under other method defaults or other code starts over rather than resuming
-                resume = same_config and completed is None and (directory / checkpoint.CHECKPOINT).is_file()
+                resume = same_config and ended is None and (directory / checkpoint.CHECKPOINT).is_file()
                 echo(f"{label}: {'resuming' if resume else 'running'} ...")
                 begin = time.perf_counter()
                 try:
@@ -199,9 +208,9 @@ class SectionPlan:
     training time still needed to bring it to today's code."""
 
     dataset: str
-    current: int = 0  #: runs finished by today's code: reused
+    current: int = 0  #: runs ended (completed or stopped) under today's code: reused
     stale: Counter[str] = field(default_factory=Counter)  #: runs finished by other code, by code id: run again
-    missing: int = 0  #: runs never finished (or finished under another config): run
+    missing: int = 0  #: runs never ended (or ended under another config): run
     seconds: float = 0.0  #: estimated training time of the stale and missing runs
     unestimated: int = 0  #: stale or missing runs with nothing to estimate their time from
 
