@@ -54,12 +54,11 @@ def _ended(summary: RunResult) -> bool:
     return summary.completed or summary.status.startswith("stopped:")
 
 
-def _ended_summary(directory: Path) -> RunResult | None:
+def _read_summary(directory: Path) -> RunResult | None:
     try:
-        summary = runs.read_result(directory)
+        return runs.read_result(directory)
     except (OSError, UntrustedInputError):
         return None
-    return summary if _ended(summary) else None
 
 
 def _ran_with_options(summary: RunResult, config: RunConfig) -> bool:
@@ -82,13 +81,8 @@ def _finished_summary(directory: Path, config: RunConfig) -> RunResult | None:
 def _recorded_summary(directory: Path, config: RunConfig) -> RunResult | None:
     """The summary of this config in ``directory`` whether its run completed or stopped (a report lists a stopped
     run, e.g. one that met a NaN update, among the cells that did not complete), else None."""
-    if not _same_config(directory, config):
-        return None
-    try:
-        summary = runs.read_result(directory)
-    except (OSError, UntrustedInputError):
-        return None
-    return summary if _ran_with_options(summary, config) else None
+    summary = _read_summary(directory) if _same_config(directory, config) else None
+    return summary if summary is not None and _ran_with_options(summary, config) else None
 
 
 @contextmanager
@@ -139,7 +133,8 @@ def run_cells(cells: list[Cell], out: Path, in_process: bool = False, data_dir: 
             directory = cell.directory(out)
             label = f"[{index}/{len(cells)}] {cell.dataset} {cell.method} seed {cell.config.seed}"
             same_config = _same_config(directory, cell.config)  # read config.yaml once per cell
-            ended = _ended_summary(directory) if same_config else None
+            recorded = _read_summary(directory) if same_config else None
+            ended = recorded if recorded is not None and _ended(recorded) else None
             summary = ended if ended is not None and _ran_with_options(ended, cell.config) else None
             stale = summary is not None and code_id_of(summary) != today
             if summary is not None and (keep_stale or not stale):
