@@ -37,7 +37,8 @@ bench: $(STAMP)
 	$(BIN)/graphfed bench benchmarks/suites/paper.yaml --out benchmarks/results/paper
 	$(BIN)/python benchmarks/aggregation_family.py
 	$(BIN)/python benchmarks/flower_overhead.py
-	$(BIN)/python benchmarks/flha.py run
+	$(BIN)/graphfed bench benchmarks/suites/flha.yaml --out benchmarks/results/flha --in-process
+	$(BIN)/python benchmarks/flha.py refine
 	$(BIN)/python benchmarks/flha.py report
 	$(BIN)/graphfed bench benchmarks/suites/robustness.yaml --out benchmarks/results/robustness --in-process
 	$(BIN)/python benchmarks/robustness.py

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -349,14 +350,65 @@ def test_flower_nodes_build_their_own_architecture_and_match_the_simulator(metho
     assert flower_summary == without_wall_time(simulated)
 
 
-def test_the_flha_report_is_regenerated_from_its_run_directories() -> None:
-    """``benchmarks/results/flha/report.md`` is exactly what ``benchmarks/flha.py report`` writes from the committed
-    ``runs/*/summary.json`` (no hand-edited number)."""
+def _flha_script() -> ModuleType:
+    """``benchmarks/flha.py`` as a module."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
     import flha
 
+    return flha
+
+
+def test_the_flha_suite_holds_the_papers_experiments_at_three_seeds() -> None:
+    """``benchmarks/suites/flha.yaml``: Table 1 at three data shares with the paper's five rows, and the cells the
+    report reads, each at 3 seeds; the left-out architecture is the same client under every seed."""
+    from graphfed.suites import load_suite, suite_cells
+
+    flha = _flha_script()
+    suite = load_suite(flha.SUITE)
+    cells = suite_cells(suite)
+    by_section: dict[str, set[str]] = {}
+    for cell in cells:
+        by_section.setdefault(cell.dataset, set()).add(cell.method)
+    for share, fraction in (("6.25", 0.0625), ("12.5", 0.125), ("25", 0.25)):
+        assert by_section[f"t1-{share}"] == set(flha.TABLE1)
+        assert {c.config.dataset.client_fraction for c in cells if c.dataset == f"t1-{share}"} == {fraction}
+    assert {c.config.seed for c in cells} == {0, 1, 2} and len(cells) == 3 * sum(map(len, by_section.values()))
+    upper = next(c.config for c in cells if c.method == "upper")
+    assert upper.method.name == "fedavg" and upper.model.architectures is None and upper.model.options == {
+        "arch": "arch0"}
+    loo = [c.config for c in cells if c.dataset == "loo"]
+    assert all(c.dataset.novel_clients == ["3"] and c.model.architectures[3] == "arch3" for c in loo)  # type: ignore[index]
+    assert [c.config.model.architectures for c in cells if c.dataset == "t7" and c.config.seed == 0] == [
+        ["small", "arch1", "arch2", "arch3"], ["arch0", "small", "arch2", "arch3"],
+        ["arch0", "arch1", "small", "arch3"], ["arch0", "arch1", "arch2", "small"]]
+    assert {claim.dataset for claim in suite.claims} <= set(by_section)
+
+
+def test_refinement_curves_train_the_left_out_architecture_from_a_finished_run(tmp_path: Path) -> None:
+    """``flha.py refine``'s curves come from a finished run directory (its config and final checkpoint): the novel
+    client's own architecture, trained from the GHN's weights and from its initialisation on the same batches."""
+    flha = _flha_script()
+    config = load_config(None, ["dataset.name=cifar10", "dataset.num_clients=4", "dataset.partition=iid",
+                                "dataset.client_fraction=0.004", "dataset.novel_clients=[3]", "model.name=resnet-like",
+                                "model.options={width: 2}", "model.architectures=[small, arch1]",
+                                "model.architecture_of=[small, small, small, arch1]", "method.name=flha-ghn",
+                                "method.options={refine_epochs: 0.5}", "train.rounds=2", "train.eval_every=1",
+                                "train.clients_per_round=3", "train.local_steps=3", "train.batch_size=8",
+                                "train.novel_adapt_rounds=0"])
+    run_config(config, tmp_path, progress=False)
+    curves = flha.refinement_curves(tmp_path, steps=4, every=2)
+    assert curves["architecture"] == "arch1" and curves["steps"] == [0, 2, 4]
+    assert len(curves["ghn"]) == len(curves["scratch"]) == 3
+    assert all(0.0 <= value <= 1.0 for value in (*curves["ghn"], *curves["scratch"]))
+    assert curves["ghn"] != curves["scratch"]  # the GHN's weights are not the architecture's initialisation
+
+
+def test_the_flha_report_is_regenerated_from_its_run_directories() -> None:
+    """``benchmarks/results/flha/report.md`` is exactly what ``benchmarks/flha.py report`` writes from the committed
+    ``runs/*/*/seed*/summary.json`` (no hand-edited number)."""
+    flha = _flha_script()
     committed = (flha.RESULTS / "report.md").read_text()
     # stale marks are relative to the code that wrote the report (named in it), so later commits do not move them
     written_by = re.search(r"written by code id `([0-9a-f]+)`", committed)
