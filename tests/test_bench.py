@@ -144,16 +144,31 @@ def test_failed_cell_is_reported_and_the_grid_goes_on(tmp_path: Path) -> None:
     assert "\n| local |" in report
 
 
-def test_cell_in_its_own_process_records_its_peak_memory(tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, ["bench", str(SMOKE), "--out", str(tmp_path), "--datasets", "fl60",
-                                      "--methods", "fedavg", "--seeds", "1", "--set", "train.rounds=2"])
+def test_cells_in_their_own_processes_run_side_by_side_record_their_peak_memory_and_the_same_numbers(
+        tmp_path: Path) -> None:
+    """``--jobs 2``: two cells at once, each in its own process with its own peak memory, scoring exactly what the
+    same cells score one after the other in this process."""
+    arguments = ["--datasets", "fl60", "--methods", "fedavg", "--seeds", "2", "--set", "train.rounds=2"]
+    result = CliRunner().invoke(app, ["bench", str(SMOKE), "--out", str(tmp_path / "jobs"), *arguments,
+                                      "--jobs", "2"])
     assert result.exit_code == 0, result.output
-    summary = runs.read_result(tmp_path / "runs" / "fl60" / "fedavg" / "seed0")
-    assert summary.status == "completed" and summary.rounds == 2
-    assert 50 < summary.peak_rss_mb < 4096  # a real process's own peak, in MiB
+    sequential = tmp_path / "sequential"
+    run_suite(SMOKE, sequential, datasets=["fl60"], methods=["fedavg"], seeds=2, overrides={"train": {"rounds": 2}},
+              in_process=True, echo=lambda line: None)
+    for seed in (0, 1):
+        summary = runs.read_result(tmp_path / "jobs" / "runs" / "fl60" / "fedavg" / f"seed{seed}")
+        assert summary.status == "completed" and summary.rounds == 2
+        assert 50 < summary.peak_rss_mb < 4096  # a real process's own peak, in MiB
+        reference = runs.read_result(sequential / "runs" / "fl60" / "fedavg" / f"seed{seed}")
+        assert (summary.test_mean, summary.val_mean) == (reference.test_mean, reference.val_mean)
     # the report still covers the whole suite and says what this partial invocation left out
-    report = (tmp_path / "report.md").read_text()
-    assert "Not run yet: `panacea`, `pfedhn`" in report and "--datasets fl60" in report
+    report = (tmp_path / "jobs" / "report.md").read_text()
+    assert "Not run yet: `panacea`, `pfedhn`" in report and "--datasets fl60" in report and "--jobs 2" in report
+
+
+def test_jobs_need_a_process_per_cell() -> None:
+    with pytest.raises(ConfigError, match="--jobs 2 runs each cell in its own process: leave out --in-process"):
+        bench.run_cells(suite_cells(load_suite(SMOKE), datasets=["digits"]), Path("unused"), in_process=True, jobs=2)
 
 
 def test_relative_data_dir_is_relative_to_the_suite_file(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ Every cell runs in its own directory ``OUT/runs/<dataset key>/<method>/seed<k>``
 a summary of the same config and today's code that ended (completed, or stopped by its own numbers) is skipped;
 one with a checkpoint of the same config resumes from it, so an interrupted grid continues where it stopped.
 By default each cell runs in a fresh ``graphfed run`` process, which isolates failures and makes each summary's
-``peak_rss_mb`` that cell's own peak memory.
+``peak_rss_mb`` that cell's own peak memory; ``jobs`` > 1 runs that many such processes at once.
 """
 
 
@@ -17,9 +17,11 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,72 +108,150 @@ def _run_in_process(cell: Cell, directory: Path, resume: bool) -> RunResult:
     return run_config(cell.config, directory, resume=resume, progress=False)
 
 
+#: the cell processes running now (several with ``jobs`` > 1), so an interrupted grid can stop them
+_RUNNING: set[subprocess.Popen[str]] = set()
+_RUNNING_LOCK = threading.Lock()
+
+
 def _run_in_subprocess(cell: Cell, directory: Path, resume: bool) -> RunResult:
     directory.mkdir(parents=True, exist_ok=True)
     cell_config = directory / "cell.yaml"
     runs.atomic_write_text(cell_config, dump_config(cell.config))
     command = [sys.executable, "-m", "graphfed.cli", "run", str(cell_config), "--out", str(directory),
                "--no-progress", *(["--resume"] if resume else [])]
-    completed = subprocess.run(command, capture_output=True, text=True, check=False)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with _RUNNING_LOCK:
+        _RUNNING.add(process)
+    try:
+        stdout, stderr = process.communicate()
+    except BaseException:  # interrupted while waiting in this thread: the cell's process stops with us
+        _stop([process])
+        raise
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING.discard(process)
     try:
         return runs.read_result(directory)
     except (OSError, UntrustedInputError):
-        last_lines = (completed.stderr or completed.stdout).strip().splitlines()[-3:]
-        return RunResult(status=f"failed (exit {completed.returncode}): {' / '.join(last_lines) or 'no output'}")
+        last_lines = (stderr or stdout).strip().splitlines()[-3:]
+        return RunResult(status=f"failed (exit {process.returncode}): {' / '.join(last_lines) or 'no output'}")
+
+
+def _stop(processes: list[subprocess.Popen[str]]) -> None:
+    """Interrupt cell processes (SIGTERM: ``graphfed run`` stops as on Ctrl-C, its checkpoints kept) and wait."""
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _reuse_or_plan(cell: Cell, directory: Path, today: str, keep_stale: bool,
+                   label: str, echo: Any) -> tuple[RunResult | None, bool]:
+    """The cell's ended summary when it is reused (echoes why), else ``(None, resume)``: how it must run."""
+    same_config = _same_config(directory, cell.config)  # read config.yaml once per cell
+    recorded = _read_summary(directory) if same_config else None
+    ended = recorded if recorded is not None and _ended(recorded) else None
+    summary = ended if ended is not None and _ran_with_options(ended, cell.config) else None
+    stale = summary is not None and code_id_of(summary) != today
+    if summary is not None and (keep_stale or not stale):
+        before = "done before" if summary.completed else f"ended before ({summary.status})"
+        echo(f"{label}: {before}{f' by other code ({code_id_of(summary)}), kept' if stale else ''}, skipped")
+        return summary, False
+    if stale:
+        echo(f"{label}: finished by other code (code id {code_id_of(summary)}; today {today}), running again")
+    # a run completed under other method defaults or other code starts over rather than resuming
+    resume = same_config and ended is None and (directory / checkpoint.CHECKPOINT).is_file()
+    echo(f"{label}: {'resuming' if resume else 'running'} ...")
+    return None, resume
+
+
+def _run_cell(cell: Cell, directory: Path, resume: bool, in_process: bool) -> RunResult:
+    begin = time.perf_counter()
+    try:
+        summary = (_run_in_process if in_process else _run_in_subprocess)(cell, directory, resume)
+    except GraphfedError as err:  # the cell's input or run state; a bug is not caught here
+        summary = RunResult(status=f"failed: {err}")
+    summary.cell_seconds = round(time.perf_counter() - begin, 1)
+    return summary
+
+
+def _ran_line(label: str, summary: RunResult) -> str:
+    return f"{label}: {summary.status}, test {summary.metric or ''} {summary.test_mean}, {summary.cell_seconds} s"
 
 
 def run_cells(cells: list[Cell], out: Path, in_process: bool = False, data_dir: Path | None = None,
-              echo: Any = print, keep_stale: bool = False) -> dict[tuple[str, str], list[RunResult]]:
+              echo: Any = print, keep_stale: bool = False, jobs: int = 1) -> dict[tuple[str, str], list[RunResult]]:
     """Run (or reuse) every cell; returns summaries by (dataset key, method). A failed cell does not stop the grid.
 
     A finished cell is reused only when the code that produced it is today's (its summary's code id); a cell from
-    other code runs again from scratch, unless ``keep_stale`` (then the report marks it stale)."""
+    other code runs again from scratch, unless ``keep_stale`` (then the report marks it stale). ``jobs`` > 1 runs
+    that many cells at once, each in its own process (not with ``in_process``); the numbers do not depend on it."""
+    if jobs > 1 and in_process:
+        raise ConfigError(f"--jobs {jobs} runs each cell in its own process: leave out --in-process")
+    threads = max((cell.config.torch_threads or os.cpu_count() or 1 for cell in cells), default=1)
+    if jobs > 1 and jobs * threads > (os.cpu_count() or 1):
+        echo(f"note: {jobs} jobs x {threads} torch threads is more than this machine's {os.cpu_count()} CPU cores: "
+             "the cells will slow each other down (the numbers do not change)")
     today = current_code_id()
+    summaries: list[RunResult | None] = [None] * len(cells)
+    with _data_dir_env(data_dir), ThreadPoolExecutor(max_workers=jobs) as pool:
+        running: dict[Future[RunResult], tuple[int, str]] = {}
+        try:
+            for index, cell in enumerate(cells):
+                directory = cell.directory(out)
+                label = f"[{index + 1}/{len(cells)}] {cell.dataset} {cell.method} seed {cell.config.seed}"
+                summaries[index], resume = _reuse_or_plan(cell, directory, today, keep_stale, label, echo)
+                if summaries[index] is not None:
+                    continue
+                if jobs == 1:
+                    summaries[index] = _run_cell(cell, directory, resume, in_process)
+                    echo(_ran_line(label, summaries[index]))
+                else:  # a worker thread waits on the cell's process
+                    running[pool.submit(_run_cell, cell, directory, resume, False)] = (index, label)
+                    while len(running) >= jobs:  # start the next cell only when one has ended
+                        _collect(running, summaries, echo)
+            while running:
+                _collect(running, summaries, echo)
+        except BaseException:  # Ctrl-C or SIGTERM: stop the cell processes too, then report the interruption
+            for future in running:
+                future.cancel()
+            with _RUNNING_LOCK:
+                still_running = list(_RUNNING)
+            _stop(still_running)
+            raise
     results: dict[tuple[str, str], list[RunResult]] = {}
-    with _data_dir_env(data_dir):
-        for index, cell in enumerate(cells, 1):
-            directory = cell.directory(out)
-            label = f"[{index}/{len(cells)}] {cell.dataset} {cell.method} seed {cell.config.seed}"
-            same_config = _same_config(directory, cell.config)  # read config.yaml once per cell
-            recorded = _read_summary(directory) if same_config else None
-            ended = recorded if recorded is not None and _ended(recorded) else None
-            summary = ended if ended is not None and _ran_with_options(ended, cell.config) else None
-            stale = summary is not None and code_id_of(summary) != today
-            if summary is not None and (keep_stale or not stale):
-                before = "done before" if summary.completed else f"ended before ({summary.status})"
-                echo(f"{label}: {before}{f' by other code ({code_id_of(summary)}), kept' if stale else ''}, "
-                     "skipped")
-            else:
-                if stale:
-                    echo(f"{label}: finished by other code (code id {code_id_of(summary)}; today {today}), "
-                         "running again")
-                # a run completed under other method defaults or other code starts over rather than resuming
-                resume = same_config and ended is None and (directory / checkpoint.CHECKPOINT).is_file()
-                echo(f"{label}: {'resuming' if resume else 'running'} ...")
-                begin = time.perf_counter()
-                try:
-                    summary = (_run_in_process if in_process else _run_in_subprocess)(cell, directory, resume)
-                except GraphfedError as err:  # the cell's input or run state; a bug is not caught here
-                    summary = RunResult(status=f"failed: {err}")
-                summary.cell_seconds = round(time.perf_counter() - begin, 1)
-                echo(f"{label}: {summary.status}, test {summary.metric or ''} {summary.test_mean}, "
-                     f"{summary.cell_seconds} s")
-            results.setdefault((cell.dataset, cell.method), []).append(summary)
+    for cell, summary in zip(cells, summaries, strict=True):
+        assert summary is not None  # every cell was reused or run
+        results.setdefault((cell.dataset, cell.method), []).append(summary)
     return results
+
+
+def _collect(running: dict[Future[RunResult], tuple[int, str]], summaries: list[RunResult | None], echo: Any) -> None:
+    """Wait for a running cell to end; record and echo each one that did."""
+    done, _ = wait(running, return_when=FIRST_COMPLETED)
+    for future in done:
+        index, label = running.pop(future)
+        summaries[index] = future.result()
+        echo(_ran_line(label, future.result()))
 
 
 def run_suite(suite_path: Path, out: Path, datasets: list[str] | None = None, methods: list[str] | None = None,
               seeds: int | None = None, overrides: dict[str, Any] | None = None, data_dir: Path | None = None,
               in_process: bool = False, command: str | None = None, echo: Any = print,
-              report_only: bool = False, keep_stale: bool = False) -> tuple[Path, bool]:
+              report_only: bool = False, keep_stale: bool = False, jobs: int = 1) -> tuple[Path, bool]:
     """Run a suite end to end; returns the report path and whether every cell completed. ``report_only``: run
     nothing, rewrite the report from the finished run directories. ``keep_stale``: reuse finished cells from other
-    code instead of running them again (the report marks them)."""
+    code instead of running them again (the report marks them). ``jobs``: cells run at once, each in its own
+    process."""
     begin = time.perf_counter()
     suite = load_suite(suite_path)
     cells = suite_cells(suite, seeds=seeds, overrides=overrides)
     selected = [] if report_only else suite_cells(suite, datasets, methods, seeds, overrides)
-    results = run_cells(selected, out, in_process=in_process, data_dir=data_dir, echo=echo, keep_stale=keep_stale)
+    results = run_cells(selected, out, in_process=in_process, data_dir=data_dir, echo=echo, keep_stale=keep_stale,
+                        jobs=jobs)
     all_done = all(s.completed for results_of_cell in results.values() for s in results_of_cell)
     # The report covers the whole suite: cells a filtered invocation skipped count if an earlier one finished them.
     for cell in cells:

@@ -403,6 +403,8 @@ def bench(suite: Annotated[Path, typer.Argument(help="suite YAML: methods x data
           = None,
           in_process: Annotated[bool, typer.Option(help="run cells in this process instead of one process each "
                                                    "(faster start, but peak RSS is then shared)")] = False,
+          jobs: Annotated[int, typer.Option(min=1, help="cells run at once, each in its own process; keep jobs x "
+                                            "the suite's torch_threads within the CPU cores")] = 1,
           report_only: Annotated[bool, typer.Option(help="run nothing: rewrite the report from the finished "
                                                     "run directories")] = False,
           keep_stale: Annotated[bool, typer.Option(help="reuse finished cells made by other code (another code id) "
@@ -436,12 +438,13 @@ def bench(suite: Annotated[Path, typer.Argument(help="suite YAML: methods x data
                               *(f"--set={text}" for text in overrides or []),
                               *(["--data-dir", str(data_dir)] if data_dir else []),
                               *(["--in-process"] if in_process else []),
+                              *(["--jobs", str(jobs)] if jobs > 1 else []),
                               *(["--keep-stale"] if keep_stale else [])])
         with _sigterm_as_interrupt():
             report, all_done = run_suite(suite, out, datasets=_names(datasets), methods=_names(methods), seeds=seeds,
                                          overrides=extra, data_dir=data_dir, in_process=in_process,
                                          echo=console.print, command=command, report_only=report_only,
-                                         keep_stale=keep_stale)
+                                         keep_stale=keep_stale, jobs=jobs)
     except KeyboardInterrupt:
         _fail(f"interrupted; finished cells are kept in {out}, run the same command again to continue",
               EXIT_INTERRUPTED)
