@@ -306,14 +306,14 @@ def simple_rows(runs: Runs, rows: list[tuple[str, str, str]], archs: list[str]) 
             for label, section, method in rows]
 
 
-def render(reference_code: str | None = None) -> str:
-    """The report's text, from the run directories alone; runs whose code id is not ``reference_code`` (default:
-    the running code's) are marked stale (†)."""
+def render(reference_code: str | None = None, loaded: tuple[Runs, list[str]] | None = None) -> str:
+    """The report's text, from the run directories alone (or ``loaded``: what :func:`load_runs` read from them);
+    runs whose code id is not ``reference_code`` (default: the running code's) are marked stale (†)."""
     from graphfed.provenance import code_provenance
     from graphfed.report.suite import code_line
 
     reference_code = reference_code or str(code_provenance()["code_id"])
-    runs, verdicts = load_runs(reference_code)
+    runs, verdicts = loaded or load_runs(reference_code)
     gnn_effect = versus(runs, ("t2", "gnn6"), ("t2", "gnn0"), ("With the GNN", "without"))
     arch_header = "| Arch 0 | Arch 1 | Arch 2 | Arch 3 | mean ± std over seeds |"
     lines = ["# FLHA-GHN on a 2-core CPU: the paper's experiments at a reduced budget", "",
@@ -391,10 +391,11 @@ def render(reference_code: str | None = None) -> str:
 def report() -> None:
     from graphfed.provenance import code_provenance
 
-    runs, _ = load_runs(str(code_provenance()["code_id"]))
-    plot_loo(runs)
+    reference_code = str(code_provenance()["code_id"])
+    loaded = load_runs(reference_code)  # read the runs once for the plot and the text
+    plot_loo(loaded[0])
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "report.md").write_text(render())
+    (RESULTS / "report.md").write_text(render(reference_code, loaded))
     print(f"wrote {RESULTS / 'report.md'}")
 
 

@@ -191,10 +191,11 @@ def run_cells(cells: list[Cell], out: Path, in_process: bool = False, data_dir: 
     that many cells at once, each in its own process (not with ``in_process``); the numbers do not depend on it."""
     if jobs > 1 and in_process:
         raise ConfigError(f"--jobs {jobs} runs each cell in its own process: leave out --in-process")
-    threads = max((cell.config.torch_threads or os.cpu_count() or 1 for cell in cells), default=1)
-    if jobs > 1 and jobs * threads > (os.cpu_count() or 1):
-        echo(f"note: {jobs} jobs x {threads} torch threads is more than this machine's {os.cpu_count()} CPU cores: "
-             "the cells will slow each other down (the numbers do not change)")
+    if jobs > 1:
+        threads = max((cell.config.torch_threads or os.cpu_count() or 1 for cell in cells), default=1)
+        if jobs * threads > (os.cpu_count() or 1):
+            echo(f"note: {jobs} jobs x {threads} torch threads is more than this machine's {os.cpu_count()} CPU "
+                 "cores: the cells will slow each other down (the numbers do not change)")
     today = current_code_id()
     summaries: list[RunResult | None] = [None] * len(cells)
     with _data_dir_env(data_dir), ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -234,8 +235,8 @@ def _collect(running: dict[Future[RunResult], tuple[int, str]], summaries: list[
     done, _ = wait(running, return_when=FIRST_COMPLETED)
     for future in done:
         index, label = running.pop(future)
-        summaries[index] = future.result()
-        echo(_ran_line(label, future.result()))
+        summaries[index] = summary = future.result()
+        echo(_ran_line(label, summary))
 
 
 def run_suite(suite_path: Path, out: Path, datasets: list[str] | None = None, methods: list[str] | None = None,
