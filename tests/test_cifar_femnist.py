@@ -590,6 +590,21 @@ def test_batched_cnn_forward_and_gradients_match_per_client_modules(name: str) -
     torch.testing.assert_close(batched, TargetModel.batched_forward(model, params, x), atol=1e-5, rtol=1e-5)  # vmap
 
 
+def test_pfl_cnn_grouped_convolutions_match_its_per_client_loop() -> None:
+    """pfl-cnn's two convolution paths (per client on a CPU, grouped on a GPU) give the same features and the same
+    gradients to float32 rounding."""
+    torch.manual_seed(0)
+    model = PflCNN((3, 32, 32), 10)
+    params = {n: v.requires_grad_(True) for n, v in _per_client_params(model, 3).items()}
+    x = torch.rand(3, 5, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    looped, grouped = PflCNN.client_loop_convolutions(params, x), PflCNN.grouped_convolutions(params, x)
+    torch.testing.assert_close(grouped, looped, atol=1e-5, rtol=1e-5)
+    conv_params = [value for n, value in params.items() if n.startswith("conv")]
+    for by_loop, by_groups in zip(torch.autograd.grad(looped.pow(2).sum(), conv_params),
+                                  torch.autograd.grad(grouped.pow(2).sum(), conv_params), strict=True):
+        torch.testing.assert_close(by_groups, by_loop, atol=1e-5 * float(by_loop.abs().max()), rtol=1e-4)
+
+
 def test_lenet_registry_and_options(tmp_path: Path, user_cache: Path) -> None:
     assert "lenet" in MODELS
     write_cifar_tarball(tmp_path / "cifar10-jpeg", per_class=(4, 2))

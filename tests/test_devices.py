@@ -11,11 +11,13 @@ kernels) runs under it. It found, before any GPU run did, every method that the 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from typer.testing import CliRunner
 
 from conftest import model_client_data
@@ -24,7 +26,7 @@ from graphfed.cli import app
 from graphfed.client.contract import ClientRule, ClientSetting, LocalTraining
 from graphfed.client.device_audit import DeviceMixError, HostDeviceAudit
 from graphfed.client.evaluation import evaluate_clients
-from graphfed.client.placement import HostRandomDraws, resolve_device
+from graphfed.client.placement import HostRandomDraws, autocast, resolve_device, use_tensor_cores
 from graphfed.client.training import train_clients, validation_feedback
 from graphfed.config import ConfigError, RunConfig, load_config, validate_config
 from graphfed.core.params import ParamSpec
@@ -185,6 +187,62 @@ def test_bf16_scores_match_fp32_scores_within_bf16_rounding() -> None:
     assert fp32.loss.dtype == bf16.loss.dtype == torch.float32
     torch.testing.assert_close(bf16.loss, fp32.loss, rtol=2e-2, atol=2e-2)
     assert not torch.equal(bf16.loss, fp32.loss)
+
+
+def test_precision_decides_whether_cuda_may_use_tf32_and_tf32_changes_nothing_on_a_cpu() -> None:
+    """torch lets cuDNN convolutions round to TF32 unless told otherwise, which moved a GPU run's first round 4e-3
+    from the CPU's: a run sets both TF32 switches from ``train.precision`` (fp32 and bf16: off; tf32: on). On a CPU
+    tf32 is fp32: the same numbers, and no bf16 autocast."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = True  # torch's default
+        plain = run_config(load_config(None, [*FLN, "train.rounds=5"]), progress=False)
+        assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (False, False)
+        tf32 = run_config(load_config(None, [*FLN, "train.rounds=5", "train.precision=tf32"]), progress=False)
+        assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (True, True)
+        assert (tf32.test_mean, tf32.val_mean, tf32.test_std) == (plain.test_mean, plain.val_mean, plain.test_std)
+        use_tensor_cores("bf16")
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+        assert isinstance(autocast("tf32", torch.device("cpu")), nullcontext)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+class ConvolutionCalls(TorchDispatchMode):
+    """Counts the convolutions a forward runs: one per layer when clients are batched, one per layer and client
+    when they loop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        self.count += func.overloadpacket == torch.ops.aten.convolution
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", ["pfl-cnn", "cnn-bn"])
+def test_models_that_loop_over_clients_on_a_cpu_batch_them_on_other_devices(name: str) -> None:
+    """pfl-cnn's convolutions and cnn-bn loop over clients where that is fastest (a CPU) and batch them elsewhere
+    (a GPU's per-client loop is launch-bound: 10x slower in benchmarks/gpu.py). The meta device stands in for the
+    GPU; cnn-bn's evaluation (no autograd) keeps its loop everywhere, for its memory."""
+    fed, _ = model_client_data(name, COUNTS)
+    model = build_model(name, fed, {})  # type: ignore[arg-type]
+    spec = ParamSpec.from_module(model)
+    start = spec.flatten_module(model).unsqueeze(0).repeat(4, 1)
+    x = torch.rand(4, 5, *fed.input_shape)
+    calls = {}
+    for device in ("cpu", "meta"):
+        with ConvolutionCalls() as counted:
+            outputs = model.batched_forward(spec.unflatten(start.to(device)), x.to(device))
+        assert outputs.shape == (4, 5, fed.output_dim) and outputs.device.type == device
+        calls[device] = counted.count
+    assert calls == {"cpu": 2 * 4, "meta": 2}  # two convolutional layers, four clients
+    if name == "cnn-bn":
+        with torch.no_grad(), ConvolutionCalls() as counted:
+            model.batched_forward(spec.unflatten(start.to("meta")), x.to("meta"))
+        assert counted.count == 2 * 4
 
 
 def test_deterministic_algorithms_hold_for_the_run_only() -> None:

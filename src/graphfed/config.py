@@ -169,8 +169,11 @@ class TrainConfig(_Strict):
         "staged in pinned memory and copied over as it is read: for data larger than the device, at the cost of "
         "the copies), or auto (device when the rows fit in 80% of its free memory, else host); the numbers are "
         "the same either way")
-    precision: Literal["fp32", "bf16"] = Field(default="fp32", description="fp32, or bf16: the clients' forward and "
-                                               "backward under autocast (weights, updates and server state stay fp32)")
+    precision: Literal["fp32", "tf32", "bf16"] = Field(
+        default="fp32", description="fp32 (full fp32 everywhere: a GPU agrees with the CPU to float rounding), tf32 "
+        "(CUDA convolutions and matmuls on TF32 tensor cores, their inputs rounded to 10-bit mantissas: faster on "
+        "Ampere and later GPUs; the same as fp32 on a CPU), or bf16 (the clients' forward and backward under "
+        "autocast); weights, updates and server state stay fp32")
     deterministic: bool = Field(default=False, description="deterministic algorithms only "
                                 "(torch.use_deterministic_algorithms): the same numbers on the same GPU, at some "
                                 "speed; CPU runs are deterministic either way")

@@ -19,7 +19,7 @@ from graphfed.attacks.defenses import SimpleTuning
 from graphfed.client.autotune import choose_clients_per_chunk
 from graphfed.client.contract import ClientRule, ClientSetting, LocalTraining
 from graphfed.client.executor import ArchitectureRuntime, ClientExecutor, ClientRuntime, ClientStateStore
-from graphfed.client.placement import HostRandomDraws, resolve_device
+from graphfed.client.placement import HostRandomDraws, resolve_device, use_tensor_cores
 from graphfed.client.privacy import PrivacyPlan, plan_privacy
 from graphfed.config import RunConfig
 from graphfed.core import rng
@@ -122,6 +122,7 @@ class ClientSide:
         """Networks are initialised on the host from the run's seed (the same weights on every device), then they
         and the clients' data move to ``device`` (default: ``train.device``)."""
         device = resolve_device(config.train.device) if device is None else device
+        use_tensor_cores(config.train.precision)
         attack = build_attack(config.attack, federation, config.seed)
         federation = attack.poison(federation)
         federation = federation.to(device, rows_on_host=clients_rows_on_host(config, federation, device))

@@ -30,7 +30,8 @@ class LocalTraining:
     #: "val_gradient" (dL_val/d sent) or "val_loss_pair" (L_val at sent +- feedback_mu * u, u from a seed)
     feedback: str = "none"
     feedback_mu: float = 1e-3
-    #: "fp32", or "bf16": the model's forward and backward under autocast (weights, updates and server state fp32)
+    #: "fp32", "tf32" (CUDA tensor cores, see use_tensor_cores) or "bf16" (the model's forward and backward under
+    #: autocast); weights, updates and server state stay fp32
     precision: str = "fp32"
 
 

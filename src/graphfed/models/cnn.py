@@ -71,14 +71,31 @@ class PflCNN(TargetModel):
 
     def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor,
                         features_only: bool = False) -> torch.Tensor:
-        # Convolutions client by client, linear layers batched: at 50 clients x batch 10 this trains in about 1.3x
-        # the combined-batch floor, where one grouped convolution over clients (best for LeNet) takes 1.6x:
-        # oneDNN's grouped kernels lose on 32 -> 64 channels per group. (Channels-last here was 7 % faster but
-        # its gradients of conv1 disagreed with a float64 reference on one client in three: not used.)
+        # On a CPU, convolutions client by client (linear layers batched): at 50 clients x batch 10 this trains in
+        # about 1.3x the combined-batch floor, where one grouped convolution over clients (best for LeNet) takes
+        # 1.6x: oneDNN's grouped kernels lose on 32 -> 64 channels per group. On a GPU the per-client loop is
+        # launch-bound (pfl-research's setting on an H200: 2.9x a plain per-client loop, 8,700 kernel launches a
+        # round) and the grouped convolution fills the device (9.9x, 4,100 launches; benchmarks/gpu.py).
+        convolutions = self.client_loop_convolutions if x.device.type == "cpu" else self.grouped_convolutions
+        h = torch.relu(batched_linear(convolutions(params, x), params["fc1.weight"], params["fc1.bias"]))
+        return h if features_only else batched_linear(h, params["fc2.weight"], params["fc2.bias"])
+
+    @staticmethod
+    def client_loop_convolutions(params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """``x [S, B, C, H, W]`` -> ``[S, B, F]``, the flattened convolutional features, one client at a time.
+        (Channels-last here was 7 % faster on a CPU but its gradients of conv1 disagreed with a float64 reference
+        on one client in three: not used.)"""
         flat = []
         for s in range(x.shape[0]):
             h = torch.relu(F.conv2d(x[s], params["conv1.weight"][s], params["conv1.bias"][s]))
             h = torch.max_pool2d(torch.relu(F.conv2d(h, params["conv2.weight"][s], params["conv2.bias"][s])), 2)
             flat.append(h.flatten(1))
-        h = torch.relu(batched_linear(torch.stack(flat), params["fc1.weight"], params["fc1.bias"]))
-        return h if features_only else batched_linear(h, params["fc2.weight"], params["fc2.bias"])
+        return torch.stack(flat)
+
+    @staticmethod
+    def grouped_convolutions(params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """As :meth:`client_loop_convolutions`, every client's convolutions as one grouped convolution."""
+        groups = ClientGroups(x)
+        h = torch.relu(groups.conv2d(groups.images, params["conv1.weight"], params["conv1.bias"]))
+        h = torch.max_pool2d(torch.relu(groups.conv2d(h, params["conv2.weight"], params["conv2.bias"])), 2)
+        return groups.per_client(h)
