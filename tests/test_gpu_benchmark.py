@@ -49,3 +49,20 @@ def test_the_quick_cpu_run_measures_parity_throughput_and_projection(tmp_path: P
     assert row["bf16_test_mean"] != row["fp32_test_mean"]
     (row,) = result["host_rows"]  # rows read from host memory: the very numbers of rows on the device
     assert row["method"] == "fedavg" and row["equal"] and row["differing_fields"] == []
+    # the profiled rounds: their op tables beside the JSON, and what the CPU ran (no kernel launches here)
+    assert [row["workload"] for row in result["profile"]] == ["pfl-cifar10", "panacea-metr-la"]
+    assert all(row["aten_ops"] > 100 and row["kernel_launches"] == 0 for row in result["profile"])
+    assert "aten::" in (tmp_path / "profile-pfl-cifar10.txt").read_text()
+    assert "sensitivity" not in result  # CPU-only, asked for by name
+
+
+def test_rounding_sensitivity_tells_a_rounding_amplifier_from_a_stable_method(tmp_path: Path) -> None:
+    """Half an ulp of error in every op's result moves one round of FedAvg's tiny MLP config by rounding's own size
+    and one of FLHA-GHN's (deep width-4 networks with BatchNorm over a few rows) by orders of magnitude more: the
+    yardstick against which ``parity`` judges a GPU's differing summaries."""
+    out = tmp_path / "sensitivity.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--parts", "sensitivity", "--methods",
+                           "fedavg,flha-ghn", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    values = {row["method"]: row["rounding_sensitivity"] for row in json.loads(out.read_text())["sensitivity"]}
+    assert 0 < values["fedavg"] < 1e-5 and values["flha-ghn"] > 1e-4
