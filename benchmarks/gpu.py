@@ -55,6 +55,7 @@ from graphfed.client.placement import resolve_device, use_tensor_cores
 from graphfed.config import RunConfig, apply_overrides, validate_config
 from graphfed.core.params import ParamSpec
 from graphfed.errors import ConfigError, DataMissingError
+from graphfed.models.base import TargetModel
 from graphfed.provenance import code_provenance
 from graphfed.runs import RoundLog, atomic_write_text
 from graphfed.sim.engine import Simulator
@@ -77,6 +78,11 @@ DETERMINISM_METHODS = ("fedbn", "panacea", "fedaghn", "flha-ghn")
 HOST_ROWS_METHODS = ("fedavg", "panacea", "fedaghn", "fedbn")
 DEFAULT_PARTS = ("parity", "throughput", "projection", "determinism", "host_rows", "profile")
 PARTS = (*DEFAULT_PARTS, "sensitivity")
+
+
+def one_line(error: BaseException) -> str:
+    """What broke, as the JSON records it: the exception's type and message."""
+    return "".join(traceback.format_exception_only(error)).strip()
 
 
 def close(a: float | None, b: float | None) -> bool:
@@ -120,7 +126,7 @@ def parity(device: torch.device, quick: bool, record: Callable[[dict[str, Any]],
             differing = compared(cpu, other)
             yardstick = rounding_sensitivity(method) if differing else None
         except Exception as error:  # one method breaking on the device must not hide the others' parity
-            record({"method": method, "ok": False, "error": "".join(traceback.format_exception_only(error)).strip()})
+            record({"method": method, "ok": False, "error": one_line(error)})
             print(f"parity {method:14s} FAILED: {error}", flush=True)
             continue
         within_rounding = yardstick is not None and drift <= ROUNDING_FACTOR * max(yardstick, 1e-7)
@@ -216,13 +222,10 @@ def profile(device: torch.device, quick: bool, record: Callable[[dict[str, Any]]
             precision: str) -> None:
     """Where the time of a launch-bound workload goes: graphfed's pfl-research round and one FedAGHN CIFAR-10 round
     (a short one: 20 of its 330 local steps), each profiled once; the op tables go beside the JSON."""
+    use_tensor_cores(precision)  # before the calibration, which times the same kernels
     work = device_workload("pfl-cifar10", device, quick)
-    model = work.make_model()
-    spec = ParamSpec.from_module(model)
-    model.clients_per_chunk = choose_clients_per_chunk(model, spec, work.data, plain_sgd(
-        spec, "classification", work.training), work.data.num_clients).clients_per_chunk
+    model = calibrated_model(work)
     runs: dict[str, Callable[[], Any]] = {"pfl-cifar10": lambda: cnn_throughput.run_graphfed(work, model)}
-    use_tensor_cores(precision)
     suite = load_suite(HERE / "suites" / "paper-gpu.yaml")
     section = "panacea-metr-la" if quick else "fedaghn-cifar10-dir0.1"
     cell = next(iter(suite_cells(suite, [section], [suite.datasets[section].methods[0]], seeds=1)))
@@ -242,13 +245,18 @@ def profile(device: torch.device, quick: bool, record: Callable[[dict[str, Any]]
         print(f"profile {name}: {counts}", flush=True)
 
 
-def measure_workload(work: cnn_throughput.Workload, device: torch.device, repeats: int) -> dict[str, Any]:
-    """graphfed (batched as a run's calibration chooses), the per-client loop and the floor, on ``device``."""
+def calibrated_model(work: cnn_throughput.Workload) -> TargetModel:
+    """The workload's model with the clients per chunk a run's calibration would choose on its device."""
     model = work.make_model()
     spec = ParamSpec.from_module(model)
-    choice = choose_clients_per_chunk(model, spec, work.data, plain_sgd(spec, "classification", work.training),
-                                      work.data.num_clients)
-    model.clients_per_chunk = choice.clients_per_chunk
+    model.clients_per_chunk = choose_clients_per_chunk(model, spec, work.data, plain_sgd(
+        spec, "classification", work.training), work.data.num_clients).clients_per_chunk
+    return model
+
+
+def measure_workload(work: cnn_throughput.Workload, device: torch.device, repeats: int) -> dict[str, Any]:
+    """graphfed (batched as a run's calibration chooses), the per-client loop and the floor, on ``device``."""
+    model = calibrated_model(work)
     indices = work.indices
     combined = [work.data.gather(indices[step]) for step in range(work.training.steps)]
     combined = [(x.flatten(0, 1), y.flatten(0, 1)) for x, y in combined]
@@ -260,7 +268,7 @@ def measure_workload(work: cnn_throughput.Workload, device: torch.device, repeat
         run()  # warm-up
     best = {side: min(synchronised_seconds(run, device) for _ in range(repeats)) for side, run in sides.items()}
     result = {"clients": work.data.num_clients, "steps": work.training.steps, "batch_size": work.training.batch_size,
-              "clients_per_chunk": choice.clients_per_chunk, "best_seconds": best,
+              "clients_per_chunk": model.clients_per_chunk, "best_seconds": best,
               "graphfed_over_loop": best["loop"] / best["graphfed"],
               "graphfed_over_floor": best["graphfed"] / best["floor"]}
     print(f"throughput {work.name}: graphfed {best['graphfed']:.3f} s, loop {best['loop']:.3f} s "
@@ -343,7 +351,7 @@ def sensitivity(quick: bool, record: Callable[[dict[str, Any]], None], only: lis
         try:
             value = rounding_sensitivity(method)
         except Exception as error:  # e.g. a solver whose stopping rule the noise defeats: say so, go on
-            record({"method": method, "error": "".join(traceback.format_exception_only(error)).strip()})
+            record({"method": method, "error": one_line(error)})
             print(f"sensitivity {method:14s} FAILED: {error}", flush=True)
             continue
         record({"method": method, "rounding_sensitivity": value})
@@ -408,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
                            appender("projection"), args.precision)
         except Exception as error:  # a lease is short: measure what still works, name what broke
             failed.append(part)
-            result.setdefault("errors", {})[part] = "".join(traceback.format_exception_only(error)).strip()
+            result.setdefault("errors", {})[part] = one_line(error)
             traceback.print_exc()
         save()
     print(f"-> {args.out}" + (f" (failed: {', '.join(failed)})" if failed else ""))
