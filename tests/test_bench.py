@@ -404,6 +404,22 @@ def test_a_report_rewrite_lists_a_stopped_run_as_not_completed_never_as_not_run(
     assert json.loads((out / "runs" / "fln" / "local" / "seed0" / "summary.json").read_text())["status"] == "completed"
 
 
+def test_a_report_over_runs_copied_from_another_folder_says_no_invocation_is_recorded(tmp_path: Path) -> None:
+    """Runs made in a git worktree and copied into the committed folder leave their invocation behind: the report
+    must not print an empty "produced by" list, and must point at each run's recorded code instead."""
+    suite = _tiny_fln_suite(tmp_path, "copied", 1, ["local"])
+    made_here, copied_in = tmp_path / "worktree", tmp_path / "committed"
+    run_suite(suite, made_here, in_process=True, echo=lambda line: None)
+    text = (made_here / "report.md").read_text()
+    assert "Produced by these invocations" in text and "Time spent in cells run by each invocation: " in text
+    shutil.copytree(made_here / "runs", copied_in / "runs")
+    report, _ = run_suite(suite, copied_in, in_process=True, echo=lambda line: None, report_only=True)
+    text = report.read_text()
+    assert "Produced by these invocations" not in text
+    assert "No invocation is recorded in this folder." in text and "records the code id and git commit" in text
+    assert json.loads((copied_in / "report.json").read_text())["invocations"] == []
+
+
 def test_regression_table_adds_mae_in_data_units_mean_and_std_over_seeds(tmp_path: Path) -> None:
     suite = load_suite(SMOKE)
     cells = [cell for cell in suite_cells(suite) if cell.dataset == "fl60" and cell.method == "fedavg"]

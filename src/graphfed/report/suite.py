@@ -301,11 +301,7 @@ def write_report(suite: Suite, cells: list[Cell], results: dict[tuple[str, str],
     if suite.description:
         header += [suite.description.strip(), ""]
     header += [*verdict_table(suite, tables)]
-    header += ["Produced by these invocations, in order (each reuses the cells finished before it):", "", "```",
-               *(item["command"] for item in invocations), "```", "",
-               f"torch {env['torch']}, {env['cpu_count']} CPU(s), {env['platform']}. Time spent in cells run by "
-               "each invocation: " + ", ".join(f"{item['seconds_in_new_cells']:.0f} s" for item in invocations) + ".",
-               "", code_line(results, code["code_id"]), "", PROTOCOL, ""]
+    header += [*_invocation_lines(invocations, env), "", code_line(results, code["code_id"]), "", PROTOCOL, ""]
     report = out / suite.report
     runs.atomic_write_text(report, "\n".join(header + sections + deviations_section(suite)))
     payload = {"suite": suite.model_dump(mode="json"), "invocations": invocations, "environment": env,
@@ -324,6 +320,20 @@ def run_index(results: dict[tuple[str, str], list[RunResult]]) -> dict[str, list
                                  else f"runs/{key}/{method}/seed{result.seed}/{runs.SUMMARY}"}
                                 for result in results_of_cell]
             for (key, method), results_of_cell in results.items()}
+
+
+def _invocation_lines(invocations: list[dict[str, Any]], env: dict[str, Any]) -> list[str]:
+    """The invocations that wrote runs into this folder, with their time in new cells; runs made in another folder
+    (a git worktree, another machine) and copied in leave no invocation here, so the lines say where to look."""
+    machine = f"torch {env['torch']}, {env['cpu_count']} CPU(s), {env['platform']}."
+    copied = ("Runs made in another folder and copied in are not listed here; each run's `summary.json` records "
+              "the code id and git commit that made it.")
+    if not invocations:
+        return [f"No invocation is recorded in this folder. {copied}", "", f"Report written on {machine}"]
+    return ["Produced by these invocations, in order (each reuses the cells finished before it):", "", "```",
+            *(item["command"] for item in invocations), "```", "",
+            f"{machine} Time spent in cells run by each invocation: "
+            + ", ".join(f"{item['seconds_in_new_cells']:.0f} s" for item in invocations) + f". {copied}"]
 
 
 def code_line(results: dict[tuple[str, str], list[RunResult]], reference_code: str) -> str:
