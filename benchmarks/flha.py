@@ -300,6 +300,24 @@ def plot_loo(runs: Runs) -> None:
     plt.close(figure)
 
 
+def small_arch_drop(runs: Runs) -> str:
+    """Table 7's statistic: how far each other architecture falls when one is replaced by `small`, against the same
+    architecture in `t1-6.25`'s FLHA-GHN (per-architecture means over seeds), as mean ± sample std over the pairs."""
+    from graphfed.report.verdicts import sample_std
+
+    reference = runs.arch_means("t1-6.25", "flha-ghn", ARCHS)
+    drops = [100 * (before - after)
+             for replaced in range(len(ARCHS))
+             for index, (before, after) in enumerate(zip(reference, runs.arch_means("t7", f"small{replaced}", ARCHS),
+                                                         strict=True))
+             if index != replaced and before is not None and after is not None]
+    if len(drops) < 2:
+        return "The drop against `t1-6.25` needs both sections run."
+    return (f"Here the other architectures drop by {fmean(drops):.1f} ± {sample_std(drops):.1f} points against "
+            f"FLHA-GHN in `t1-6.25`: mean ± sample std over the {len(drops)} pairs of a replaced and another "
+            "architecture, each a mean over seeds.")
+
+
 def simple_rows(runs: Runs, rows: list[tuple[str, str, str]], archs: list[str]) -> list[str]:
     """``(label, section, method)`` -> a table row per method: per-architecture means, mean ± std (n)."""
     return [f"| {runs.label(label, section, method)} | {' | '.join(runs.row(section, method, archs))} |"
@@ -376,7 +394,8 @@ def render(reference_code: str | None = None, loaded: tuple[Runs, list[str]] | N
               "One of the four architectures replaced by the 4-layer `small` CNN (the paper reports an average drop "
               "of 2.2 ± 1.4 points for the other architectures).", "",
               f"| replaced {arch_header[:-25]}| small | mean ± std over seeds |", "|---|---|---|---|---|---|---|",
-              *simple_rows(runs, [(f"Arch {i}", "t7", f"small{i}") for i in range(4)], [*ARCHS, "small"])]
+              *simple_rows(runs, [(f"Arch {i}", "t7", f"small{i}") for i in range(4)], [*ARCHS, "small"]),
+              "", small_arch_drop(runs)]
     lines += ["", "## Validation minus test (Table 1's cells)", "",
               "Each client's validation and test rows are drawn from the same pool: a gap of several points is not "
               "a budget effect (it was the sign of order-dependent BatchNorm scoring, fixed before any run with a "

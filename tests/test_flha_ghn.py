@@ -414,3 +414,26 @@ def test_the_flha_report_is_regenerated_from_its_run_directories() -> None:
     written_by = re.search(r"written by code id `([0-9a-f]+)`", committed)
     assert written_by is not None
     assert committed == flha.render(written_by.group(1))
+
+
+def test_table7_drop_compares_each_other_architecture_with_the_same_architecture_in_table1() -> None:
+    """The paper's Table 7 statistic: when one architecture is replaced by `small`, how far each *other*
+    architecture falls against itself in `t1-6.25` -- the replaced one never enters."""
+    from graphfed.runs import RunResult
+
+    flha = _flha_script()
+
+    def run(**by_arch: float) -> RunResult:
+        return RunResult(status="completed", seed=0, test_mean=0.4, test_by_architecture=by_arch)
+
+    table1 = run(arch0=0.40, arch1=0.40, arch2=0.40, arch3=0.40)
+    results = {("t1-6.25", "flha-ghn"): [table1]}
+    for replaced in range(4):
+        # the replaced architecture's slot holds a score the drop must ignore; the others fall by 1 or 3 points
+        others = {arch: 0.39 if replaced % 2 else 0.37 for arch in flha.ARCHS if arch != f"arch{replaced}"}
+        results[("t7", f"small{replaced}")] = [run(**others, **{f"arch{replaced}": 0.0}, small=0.30)]
+    text = flha.small_arch_drop(flha.Runs(results, reference_code="x"))
+    assert "drop by 2.0 ± 1.0 points" in text and "12 pairs" in text
+    del results[("t7", "small1")], results[("t7", "small2")], results[("t7", "small3")]
+    results[("t7", "small0")] = []
+    assert "needs both sections run" in flha.small_arch_drop(flha.Runs(results, reference_code="x"))
