@@ -347,8 +347,8 @@ def render(reference_code: str | None = None, loaded: tuple[Runs, list[str]] | N
              "of the 50,000 training images, tested on the test set); accuracy (%, higher is better) on each "
              "client's own test rows at the round of best mean validation accuracy; the suite asks 3 seeds per "
              "cell, and each row says how many it has. FLHA-GHN evaluates generated weights after one epoch refining "
-             "the head (paper Sec. 4.2). Cells marked *not run* did not fit the CPU time so far (a run takes 2-6 "
-             "minutes on 2 cores); `graphfed bench ... --plan` lists them with their estimated time.", "",
+             "the head (paper Sec. 4.2). A cell that has not fitted the CPU time reads *not run* (a run takes 2-6 "
+             "minutes on 2 cores); `graphfed bench ... --plan` lists such cells with their estimated time.", "",
              code_line(runs.results, reference_code) + " Runs that predate recorded code ids (`unrecorded`) scored "
              "BatchNorm networks in 256-row blocks of class-sorted rows, so their scores depended on row order; no "
              "claim below rests on one.", "",
