@@ -38,9 +38,10 @@ PROTOCOL = (
     "is the mean over its training clients of each client's test metric. Tables give the mean ± std over seeds "
     "of that score, and the std over clients averaged over seeds. Novel clients (where the dataset holds some "
     "out) never train and are scored at the same round without fine-tuning; 'novel (adapted)' is a separate "
-    "embedding-only adaptation. 'wall s' is the training loop of one run, 'peak RSS' the peak memory of the "
-    "run's process. Paper columns quote the paper as printed (its ± is usually the spread over clients): "
-    "they are context, not the same experiment — see each reference's notes.")
+    "embedding-only adaptation. 'wall s' is the training loop of one run, 'peak RSS' the largest peak memory of "
+    "a run's process over the seeds: a cell run by `graphfed bench --in-process` shares the bench's process "
+    "with the cells before it, so its peak counts theirs. Paper columns quote the paper as printed (its ± is "
+    "usually the spread over clients): they are context, not the same experiment — see each reference's notes.")
 
 
 def _paper_cells(entry: SuiteDataset, method: str) -> list[str]:
