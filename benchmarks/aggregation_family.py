@@ -124,26 +124,17 @@ def iid_section(cells: list[Cell], out: Path) -> tuple[list[str], list[str]]:
     return [*lines, "", *pictures], failures
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--suite", type=Path, default=SUITE)
-    parser.add_argument("--data-dir", type=Path, default=REPO.parent / "shared" / "data")
-    args = parser.parse_args(argv)
-    command = shlex.join([".venv/bin/python", "benchmarks/aggregation_family.py", *(sys.argv[1:] if argv is None
-                                                                                      else argv)])
-    report, all_done = run_suite(args.suite, args.out, data_dir=args.data_dir, command=command)
-    if not all_done:
-        print(f"some runs did not complete; see {report}", file=sys.stderr)
-        return 1
-    cells = suite_cells(load_suite(args.suite))
+def collaboration_section(suite_path: Path, out: Path) -> tuple[list[str], list[str]]:
+    """The report's collaboration-graph appendix from the finished runs in ``out`` (heatmaps drawn into
+    ``out/heatmaps/``); (markdown lines, failed checks)."""
+    cells = suite_cells(load_suite(suite_path))
     grouped_cells = [c for c in cells if c.dataset == GROUPED]
     # the case-study federation is built once per seed (it loads Fashion-MNIST) and read by both sections
     groups_by_seed = {seed: _client_groups(next(c.config for c in grouped_cells if c.config.seed == seed))
                       for seed in sorted({c.config.seed for c in grouped_cells})}
-    grouped, grouped_failures = grouped_section(grouped_cells, args.out, groups_by_seed)
-    iid, iid_failures = iid_section([c for c in cells if c.dataset == IID], args.out)
-    depth = depth_section([c for c in grouped_cells if c.method == "fedaghn"], args.out, groups_by_seed)
+    grouped, grouped_failures = grouped_section(grouped_cells, out, groups_by_seed)
+    iid, iid_failures = iid_section([c for c in cells if c.dataset == IID], out)
+    depth = depth_section([c for c in grouped_cells if c.method == "fedaghn"], out, groups_by_seed)
     failures = grouped_failures + iid_failures
     section = ["## Collaboration graphs", "",
                "Read from each run's last saved `graphs/round_XXXX.npz` (row i: the weights client i's personalised "
@@ -166,6 +157,26 @@ def main(argv: list[str] | None = None) -> int:
                "scores pairs with GATv2 on centred models, LayerNorm(theta_i - mean_j theta_j), and learns the "
                "groups from the validation feedback alone. FedAGHN's weights depend on the pair (i, j) through "
                "cos(delta_i, delta_j).", ""]
+    return section, failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--suite", type=Path, default=SUITE)
+    parser.add_argument("--data-dir", type=Path, default=REPO.parent / "shared" / "data")
+    # `graphfed bench --report-only` would rewrite the suite report without the collaboration graphs
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: rewrite the report, graphs included, from the finished runs")
+    args = parser.parse_args(argv)
+    command = shlex.join([".venv/bin/python", "benchmarks/aggregation_family.py", *(sys.argv[1:] if argv is None
+                                                                                      else argv)])
+    report, all_done = run_suite(args.suite, args.out, data_dir=args.data_dir, command=command,
+                                 report_only=args.report_only)
+    if not all_done:
+        print(f"some runs did not complete; see {report}", file=sys.stderr)
+        return 1
+    section, failures = collaboration_section(args.suite, args.out)
     with report.open("a") as handle:  # the suite report is complete; the graph section goes after it
         handle.write("\n" + "\n".join(section))
     print(f"report: {report}" + (f"; failed checks: {failures}" if failures else ""))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -454,6 +455,36 @@ def test_the_paper_report_tables_are_regenerated_from_the_committed_runs() -> No
     assert verdicts and verdicts in committed  # the verdict table on top, from the same rows
     assert committed[:-len(body)].count("## ") == 1  # nothing but the header and the verdicts precede the sections
     assert sum(len(rows) for rows in tables.values()) >= 40  # rows of methods with finished runs
+
+
+def test_the_aggregation_report_is_regenerated_from_the_committed_runs_graphs_included(tmp_path: Path) -> None:
+    """``benchmarks/results/aggregation/report.md`` is what the report writer and ``aggregation_family.py``'s
+    collaboration-graph appendix make of the committed runs: no hand-edited number, and no rewrite by
+    ``graphfed bench --report-only`` alone, which leaves the appendix out."""
+    from graphfed.bench import finished_results
+    from graphfed.report.suite import deviations_section, report_sections
+
+    spec = importlib.util.spec_from_file_location("aggregation_family",
+                                                  PAPER.parents[1] / "aggregation_family.py")
+    assert spec is not None and spec.loader is not None
+    family = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(family)
+    out = family.RESULTS
+    suite = load_suite(family.SUITE)
+    cells, results = finished_results(suite, out)
+    written_by = json.loads((out / "report.json").read_text())["code"]["code_id"]
+    sections, tables = report_sections(suite, cells, results, out, plots=False, reference_code=written_by)
+    # the appendix draws heatmaps: it reads copies of the runs that carry graphs, so the committed pictures stay
+    for key in (family.GROUPED, family.IID):
+        shutil.copytree(out / "runs" / key, tmp_path / "runs" / key)
+    appendix, failures = family.collaboration_section(family.SUITE, tmp_path)
+    committed = (out / "report.md").read_text()
+    assert committed.endswith("\n".join(sections + deviations_section(suite)) + "\n" + "\n".join(appendix))
+    assert not failures and "**Checks** (on fedaghn, pfedgat): all passed." in appendix
+    assert sorted(path.name for path in (tmp_path / "heatmaps").iterdir()) == sorted(
+        f"{key}-{cell.method}-seed{cell.config.seed}" for cell in cells for key in (family.GROUPED, family.IID)
+        if cell.dataset == key)
+    assert sum(len(rows) for rows in tables.values()) >= 25
 
 
 def test_the_gpu_suite_holds_the_papers_budgets_as_valid_cells() -> None:
