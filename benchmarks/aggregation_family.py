@@ -72,7 +72,8 @@ def grouped_section(cells: list[Cell], out: Path, groups_by_seed: dict[int, np.n
         last_round, _, matrices = _last_graph(run_dir)
         seed = cell.config.seed
         weights = group_weights(matrices, groups_by_seed[seed])
-        ok = weights.similar > weights.other
+        # beyond the table's 4 decimals: the paper's static GAT layer gives equal weights up to float rounding
+        ok = weights.similar - weights.other > 1e-4
         if not ok and cell.method in CHECKED:
             failures.append(f"{cell.method} seed {seed}: Similar {weights.similar:.4f} <= Other {weights.other:.4f}")
         lines.append(f"| {cell.method} | {seed} | {last_round} | {weights.self_weight:.4f} | {weights.similar:.4f} | "
