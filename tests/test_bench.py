@@ -17,7 +17,7 @@ from graphfed.cli import app
 from graphfed.config import ConfigError
 from graphfed.report import suite as suite_report
 from graphfed.runs import RunResult
-from graphfed.suites import Cell, load_suite, suite_cells
+from graphfed.suites import Cell, Suite, load_suite, suite_cells
 
 SMOKE = Path(__file__).parents[1] / "benchmarks" / "suites" / "smoke.yaml"
 PAPER = Path(__file__).parents[1] / "benchmarks" / "suites" / "paper.yaml"
@@ -436,20 +436,28 @@ def test_regression_table_adds_mae_in_data_units_mean_and_std_over_seeds(tmp_pat
     assert rows[0]["per_seed"]["test"] == [0.01, 0.02]  # what the verdicts test
 
 
+def _regenerated_body(suite_path: Path, out: Path) -> tuple[Suite, list[Cell], str, dict[str, list[RunResult]]]:
+    """What the report writer makes of the committed runs in ``out``: (suite, cells, the report's sections and
+    deviations as one text, table rows). Stale marks are relative to the code that wrote the report (its
+    report.json), so later commits do not move them."""
+    from graphfed.bench import finished_results
+    from graphfed.report.suite import deviations_section, report_sections
+
+    suite = load_suite(suite_path)
+    cells, results = finished_results(suite, out)
+    written_by = json.loads((out / "report.json").read_text())["code"]["code_id"]
+    sections, tables = report_sections(suite, cells, results, out, plots=False, reference_code=written_by)
+    return suite, cells, "\n".join(sections + deviations_section(suite)), tables
+
+
 def test_the_paper_report_tables_are_regenerated_from_the_committed_runs() -> None:
     """Every section of ``benchmarks/results/paper/report.md`` (its tables, notes and the cells not run yet) is exactly
     what the report writer makes of the committed run directories: no hand-edited number."""
-    from graphfed.bench import finished_results
-    from graphfed.report.suite import deviations_section, report_sections, verdict_table
+    from graphfed.report.suite import verdict_table
 
     out = PAPER.parents[1] / "results" / "paper"
-    suite = load_suite(PAPER)
-    cells, results = finished_results(suite, out)
-    # stale marks are relative to the code that wrote the report (report.json), so later commits do not move them
-    written_by = json.loads((out / "report.json").read_text())["code"]["code_id"]
-    sections, tables = report_sections(suite, cells, results, out, plots=False, reference_code=written_by)
+    suite, _, body, tables = _regenerated_body(PAPER, out)
     committed = (out / "report.md").read_text()
-    body = "\n".join(sections + deviations_section(suite))
     assert committed.endswith(body)
     verdicts = "\n".join(verdict_table(suite, tables))
     assert verdicts and verdicts in committed  # the verdict table on top, from the same rows
@@ -461,25 +469,19 @@ def test_the_aggregation_report_is_regenerated_from_the_committed_runs_graphs_in
     """``benchmarks/results/aggregation/report.md`` is what the report writer and ``aggregation_family.py``'s
     collaboration-graph appendix make of the committed runs: no hand-edited number, and no rewrite by
     ``graphfed bench --report-only`` alone, which leaves the appendix out."""
-    from graphfed.bench import finished_results
-    from graphfed.report.suite import deviations_section, report_sections
-
     spec = importlib.util.spec_from_file_location("aggregation_family",
                                                   PAPER.parents[1] / "aggregation_family.py")
     assert spec is not None and spec.loader is not None
     family = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(family)
     out = family.RESULTS
-    suite = load_suite(family.SUITE)
-    cells, results = finished_results(suite, out)
-    written_by = json.loads((out / "report.json").read_text())["code"]["code_id"]
-    sections, tables = report_sections(suite, cells, results, out, plots=False, reference_code=written_by)
+    _, cells, body, tables = _regenerated_body(family.SUITE, out)
     # the appendix draws heatmaps: it reads copies of the runs that carry graphs, so the committed pictures stay
     for key in (family.GROUPED, family.IID):
         shutil.copytree(out / "runs" / key, tmp_path / "runs" / key)
     appendix, failures = family.collaboration_section(family.SUITE, tmp_path)
     committed = (out / "report.md").read_text()
-    assert committed.endswith("\n".join(sections + deviations_section(suite)) + "\n" + "\n".join(appendix))
+    assert committed.endswith(body + "\n" + "\n".join(appendix))
     assert not failures and "**Checks** (on fedaghn, pfedgat): all passed." in appendix
     assert sorted(path.name for path in (tmp_path / "heatmaps").iterdir()) == sorted(
         f"{key}-{cell.method}-seed{cell.config.seed}" for cell in cells for key in (family.GROUPED, family.IID)
