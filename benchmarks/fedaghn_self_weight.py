@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from graphfed.provenance import code_provenance
 from graphfed.sim.engine import Simulator
 from graphfed.suites import load_suite, suite_cells
 
@@ -58,11 +59,12 @@ def trace(options: dict[str, Any], rounds: int) -> dict[str, Any]:
             "p_final_range": [float(p.min()), float(p.max())]}
 
 
-def report(results: dict[str, dict[str, Any]], rounds: int) -> str:
+def report(results: dict[str, dict[str, Any]], rounds: int, code: dict[str, Any]) -> str:
     lines = ["# FedAGHN: why the learned self weight barely moves", "",
              "Produced by `.venv/bin/python benchmarks/fedaghn_self_weight.py` (the `casestudy` cell of "
              f"benchmarks/suites/aggregation.yaml: Fashion-MNIST, 5 groups of 4 clients, every client every round, "
-             f"server lr 0.005, seed 0, {rounds} rounds).", "",
+             f"server lr 0.005, seed 0, {rounds} rounds) under code id `{code['code_id']}` (git commit "
+             f"{code['git_commit']}, torch {code['torch']}).", "",
              "| start | step_scale | sign | self weight p/(1+p): round 1 | last round | relative change | "
              "mean abs(change of p) per round | p at the end (min-max) | test accuracy %, last round |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -101,8 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  self weight {results[label]['self_weight'][0]:.4f} -> {results[label]['self_weight'][-1]:.4f}",
               flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    (args.out / "report.md").write_text(report(results, args.rounds))
+    code = code_provenance()  # the numbers are tied to the code that made them
+    (args.out / "results.json").write_text(json.dumps({"code": code, "rounds": args.rounds, "variants": results},
+                                                      indent=1))
+    (args.out / "report.md").write_text(report(results, args.rounds, code))
     print(f"report: {args.out / 'report.md'}")
     return 0
 
