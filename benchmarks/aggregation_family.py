@@ -9,6 +9,7 @@ then reads the saved collaboration graphs of the case-study runs and appends to 
 * heatmaps per layer and over rounds for each of these runs, linked from the report.
 
     .venv/bin/python benchmarks/aggregation_family.py            # writes benchmarks/results/aggregation/
+    .venv/bin/python benchmarks/aggregation_family.py --report-only  # rewrites the report from finished runs
 """
 
 from __future__ import annotations
