@@ -44,6 +44,7 @@ from graphfed.data import build_federation
 from graphfed.data.federation import ClientSplit
 from graphfed.models import build_model
 from graphfed.models.base import TargetModel
+from graphfed.provenance import code_provenance
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_throughput import Timed, machine_info, sgd_through_batches, time_interleaved
@@ -182,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({result['graphfed_over_loop']:.2f}x), floor {best['floor']:.2f} s "
               f"(graphfed/floor {result['graphfed_over_floor']:.2f}, floor/loop {result['floor_over_loop']:.2f}x)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    results["code"] = code_provenance()  # the numbers are tied to the code that made them
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     return 0 if ok else 1
 

@@ -42,6 +42,7 @@ from graphfed.core.params import ParamSpec
 from graphfed.data.federation import ClientSplit
 from graphfed.models import build_model
 from graphfed.models.base import TargetModel
+from graphfed.provenance import code_provenance
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_throughput import machine_info
@@ -165,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
               "cells_below_1x": [f"{c['model']} {c['clients']}x{c['batch']}: {c['ratio']}x" for c in below],
               "largest_noise_ratio_deviation": round(noise, 3)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    result["code"] = code_provenance()  # the numbers are tied to the code that made them
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{len(cells)} cells, {len(below)} below 1.0x -> {args.out}")
     return 0

@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the process harness the deployment te
 from flower_overhead import round_times  # noqa: E402
 from graphfed.config import RunConfig, dump_config, load_config  # noqa: E402
 from graphfed.flower.app_folder import write_app_folder  # noqa: E402
+from graphfed.provenance import code_provenance  # noqa: E402
 from test_flower_processes import VENV_BIN, Deployment, Processes, free_ports, marked_processes  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "faults.json"
@@ -271,6 +272,7 @@ def main() -> None:
                 "method": "ditto", "dataset": "fln (one client per SuperNode, every client every round)",
                 "scenarios": [records[name] for name in SCENARIOS if name in records]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    document["code"] = code_provenance()  # the numbers are tied to the code that made them
     args.out.write_text(json.dumps(document, indent=2) + "\n")
     print(f"wrote {args.out}")
 

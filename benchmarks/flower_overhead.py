@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from graphfed.config import RunConfig, dump_config, load_config
+from graphfed.provenance import code_provenance
 from graphfed.runs import RunResult, read_result
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -268,6 +269,7 @@ def main() -> None:
         "runs": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    results["code"] = code_provenance()  # the numbers are tied to the code that made them
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(table(rows))
     print(f"wrote {args.out}")

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from graphfed.data.datasets.folder import write_federation
+from graphfed.provenance import code_provenance
 from graphfed.runs import read_result
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         "test_mean": summary.test_mean,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    result["code"] = code_provenance()  # the numbers are tied to the code that made them
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"imbalanced folder: peak RSS {result['peak_rss_gib']:.2f} GiB for {result['data_gib']:.2f} GiB of data "
           f"(padding the train split alone used to take {result['padded_train_split_gib_before']:.2f} GiB); "

@@ -30,6 +30,7 @@ import torch
 from graphfed.client import evaluation as client_module
 from graphfed.config import load_config
 from graphfed.data.federation import ClientSplit
+from graphfed.provenance import code_provenance
 from graphfed.sim.engine import Simulator
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -105,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         "peak_minus_data_gib": (peak - data_bytes) / 2**30,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    result["code"] = code_provenance()  # the numbers are tied to the code that made them
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     shares = ", ".join(f"{key} {value:.0%}" for key, value in result["share"].items())
     print(f"{result['seconds_per_round']:.2f} s per round: {shares}; peak RSS {result['peak_rss_gib']:.2f} GiB "

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from graphfed.provenance import code_provenance
+
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("fedavg", "panacea", "fedaghn", "pfedgat", "pfedhn")
 
@@ -95,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     counts = [int(n) for n in args.clients.split(",")]
     results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
     cells = results.setdefault("cells", {})
+    code_id = code_provenance()["code_id"]  # per cell: a resumed file may hold cells from other code
     for method in args.methods.split(","):
         for n in counts:
             command = [sys.executable, __file__, "--one", method, str(n), "--rounds", str(args.rounds),
@@ -102,11 +105,12 @@ def main(argv: list[str] | None = None) -> int:
                        "--seed", str(args.seed)]
             done = subprocess.run(command, capture_output=True, text=True, check=False)
             if done.returncode != 0:
-                cells[f"{method}/{n}"] = {"method": method, "clients": n, "error": done.stderr.strip()[-2000:]}
+                cells[f"{method}/{n}"] = {"method": method, "clients": n, "error": done.stderr.strip()[-2000:],
+                                            "code_id": code_id}
                 print(f"{method} N={n}: FAILED\n{done.stderr[-2000:]}")
             else:
                 cell = json.loads(done.stdout.strip().splitlines()[-1])
-                cells[f"{method}/{n}"] = cell
+                cells[f"{method}/{n}"] = {**cell, "code_id": code_id}
                 print(f"{method} N={n}: {cell['round_seconds']:.3f} s/round, evaluation "
                       f"{cell['evaluation_seconds']:.2f} s, peak RSS {cell['peak_rss_gib']:.2f} GiB")
             args.out.parent.mkdir(parents=True, exist_ok=True)

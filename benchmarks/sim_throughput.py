@@ -44,6 +44,7 @@ from graphfed.data import build_federation
 from graphfed.data.federation import ClientSplit, PaddedRows
 from graphfed.methods.ditto import DittoRule
 from graphfed.models.mlp import MLP
+from graphfed.provenance import code_provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BATCH_SIZE = 64
@@ -278,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(args.clients, args.steps, args.repeats, args.seed)
     result.update(torch=torch.__version__, threads=torch.get_num_threads(), machine=machine_info())
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    result["code"] = code_provenance()  # the numbers are tied to the code that made them
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     match = result["weights_match"]
     print(f"sim_throughput: vectorised {result['vectorised']['client_steps_per_second']:,.0f} client-steps/s, "

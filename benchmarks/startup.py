@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from graphfed.provenance import code_provenance
+
 RESULTS = Path(__file__).resolve().parent / "results"
 VENV_BIN = Path(sys.executable).parent
 COMMANDS = {"graphfed --help": ["--help"], "graphfed list": ["list"]}
@@ -86,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: median {entry['median_seconds']:.2f} s; torch_geometric imported: "  # type: ignore[index]
                   f"{entry['imports_torch_geometric']}")  # type: ignore[index]
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    result["code"] = code_provenance()  # the numbers are tied to the code that made them
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
