@@ -41,6 +41,11 @@ def suite() -> dict[str, Any]:
     return yaml.safe_load(SUITE.read_text())
 
 
+def suite_seeds() -> int:
+    """Seeds per cell the suite asks for; a cell with another count says so."""
+    return int(suite()["seeds"])
+
+
 def cell_key(sweep: str, ratio: int) -> str:
     if sweep == "fl60-lf" and ratio == 0:  # the clean point of a sweep: no attacker, the same runs for every attack
         sweep = "fl60-mp"
@@ -79,7 +84,7 @@ def cell(runs: list[RunResult], key: str) -> str:
     mean, std, count = stats(runs, key)
     if mean is None:
         return "not run"
-    notes = [] if count == 3 else [f"{count} seed{'s' if count > 1 else ''}"]
+    notes = [] if count == suite_seeds() else [f"{count} seed{'s' if count > 1 else ''}"]
     broken = sum(diverged(run) for run in runs if getattr(run, key) is not None)
     if broken:
         notes.append(f"{broken} diverged")
@@ -286,7 +291,7 @@ def render() -> str:
              "stay clean. Each run's number is the personalised test accuracy averaged over its **honest** clients "
              "(`honest_test_mean`) at the round of best mean validation accuracy over all training clients (the "
              "server cannot tell who is malicious); the 0 % column has no attacker and averages all clients. Cells "
-             "are mean ± sample std over 3 seeds. Accuracy in %.", "", provenance_line(), "",
+             f"are mean ± sample std over {suite_seeds()} seeds. Accuracy in %.", "", provenance_line(), "",
              "**Diverged runs.** Under model poisoning some methods blow up: a client update or the server's weights "
              "become NaN/Inf and the run stops (`status: stopped: ...`, last good checkpoint kept). Such a run is "
              "scored at its best-validation round before it stopped, as a practitioner would keep the best "
@@ -323,7 +328,7 @@ def render() -> str:
               "- Data: FL-60 and Fashion-MNIST Dir(0.1) stand in for CompCars (not obtainable). The paper's Fig. 4 "
               "plots CompCars; its FL-60 robustness curve is the conference version's label-flipping figure.",
               "- Budgets: FL-60 300 rounds (the paper's 800); Fashion-MNIST 60 rounds of 10 of 20 clients with a "
-              "64-unit MLP (the paper's CompCars model is a CNN). 3 seeds (the paper: 5 runs).",
+              f"64-unit MLP (the paper's CompCars model is a CNN). {suite_seeds()} seeds (the paper: 5 runs).",
               "- Model poisoning: the paper's g' = -λ g with λ = 0.5 is applied to the whole upload, the update "
               "`delta = sent - trained` (Fang et al.'s optimised attack is not run). For hypernetwork methods the "
               "forged delta enters the hypergradient; for aggregation methods it also becomes the attacker's stored "
