@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ def suite() -> dict[str, Any]:
     return yaml.safe_load(SUITE.read_text())
 
 
+@cache  # read once: every table cell asks
 def suite_seeds() -> int:
     """Seeds per cell the suite asks for; a cell with another count says so."""
     return int(suite()["seeds"])
