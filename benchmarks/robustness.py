@@ -211,21 +211,17 @@ def findings(methods: list[str]) -> list[str]:
     for sweep in ("fl60-mp", "fmnist-mp"):
         diverging = []
         for method in methods:
-            count = sum(diverged(run) for ratio in RATIOS[1:] for run in summaries(cell_key(sweep, ratio), method))
+            attacked = [run for ratio in RATIOS[1:] for run in summaries(cell_key(sweep, ratio), method)]
+            count = sum(diverged(run) for run in attacked)
             if count:
-                diverging.append(f"{method} ({count} of {3 * len(RATIOS[1:])} runs)")
+                diverging.append(f"{method} ({count} of {len(attacked)} runs)")
         at_50 = {m: stats(summaries(cell_key(sweep, 50), m), "honest_test_mean")[0] for m in methods}
         ranked = sorted((value, m) for m, value in at_50.items() if value is not None)[::-1]
         lines.append(f"- {SWEEPS[sweep]}: at 50 % malicious the best honest accuracy is "
                      + ", ".join(f"{m} {v:.1f}" for v, m in ranked[:3]) + "; the lowest "
                      + ", ".join(f"{m} {v:.1f}" for v, m in ranked[-2:]) + ". Runs that diverged (NaN/Inf) under "
                      "the attack: " + (", ".join(diverging) if diverging else "none") + ".")
-    clean = {m: stats(summaries(cell_key("fmnist-mp", 0), m), "test_mean")[0] for m in ("fedavg", "fedavg-median")}
-    if None not in clean.values():
-        lines.append(f"- Coordinate-wise median costs accuracy before any attack on non-IID data (Fashion-MNIST "
-                     f"Dir(0.1), no attacker: FedAvg {clean['fedavg']:.1f}, FedMedian {clean['fedavg-median']:.1f}) "
-                     "and does not protect against this attack: -0.5 g is a small, plausible update, not an "
-                     "outlier.")
+    lines.extend(median_findings())
     plain = {m: stats(summaries("fmnist-bd", m), "asr_honest")[0] for m in BACKDOOR_METHODS}
     tuned = {m: stats(summaries("fmnist-bd-st", m), "asr_honest")[0] for m in BACKDOOR_METHODS}
     attacker = {m: stats(summaries("fmnist-bd-st", m), "asr_malicious")[0] for m in BACKDOOR_METHODS}
@@ -235,13 +231,43 @@ def findings(methods: list[str]) -> list[str]:
                    if compare_against(per_seed(summaries("fmnist-bd-st", m), "asr_honest"),
                                       {"plain": per_seed(summaries("fmnist-bd", m), "asr_honest")},
                                       higher_is_better=False)[0].outcome == "beats"]
-        lines.append(f"- The backdoor of one client in 20 reaches the honest clients far less than in the paper's "
-                     f"Table V (highest honest ASR here: {top} {plain[top]:.1f} %). Simple-Tuning lowers the honest "
+        beside_paper = ", ".join(f"{m} {plain[m]:.1f} vs {PAPER_TABLE_V[m][0]}" for m in PAPER_TABLE_V)
+        lowered_text = f" ({', '.join(f'{m} {plain[m]:.1f} → {tuned[m]:.1f}' for m in lowered)})" if lowered else ""
+        lines.append(f"- The backdoor of one client in 20, honest clients' ASR without Simple-Tuning, here vs the "
+                     f"paper's Table V (CompCars): {beside_paper} %; the highest here is {top} {plain[top]:.1f} %. "
+                     f"Simple-Tuning lowers the honest "
                      f"clients' ASR (Welch's test over seeds, 5 %) for {len(lowered)} of {len(BACKDOOR_METHODS)} "
-                     f"methods ({', '.join(f'{m} {plain[m]:.1f} → {tuned[m]:.1f}' for m in lowered)}); the attacker's "
+                     f"methods{lowered_text}; the attacker's "
                      f"own retrained head keeps the backdoor (its ASR with Simple-Tuning: "
                      f"{min(attacker.values()):.1f}-{max(attacker.values()):.1f} %).")  # type: ignore[type-var]
     return lines
+
+
+def median_findings() -> list[str]:
+    """FedMedian against FedAvg on Fashion-MNIST: before any attack and at each attacked ratio, by the test."""
+    def outcome(ratio: int) -> tuple[str, float, float] | None:
+        key = "test_mean" if ratio == 0 else "honest_test_mean"
+        median = per_seed(summaries(cell_key("fmnist-mp", ratio), "fedavg-median"), key)
+        mean = per_seed(summaries(cell_key("fmnist-mp", ratio), "fedavg"), key)
+        if len(median) < 2 or len(mean) < 2:
+            return None
+        result = compare_against(median, {"fedavg": mean}, higher_is_better=True)[0].outcome
+        return result, statistics.fmean(mean), statistics.fmean(median)
+
+    clean = outcome(0)
+    attacked = {ratio: outcome(ratio) for ratio in RATIOS[1:]}
+    if clean is None or None in attacked.values():
+        return []
+    before = {"loses": "costs accuracy", "beats": "gains accuracy"}.get(clean[0], "neither costs nor gains "
+                                                                               "accuracy (by the test)")
+    protects = [f"{ratio} %" for ratio, found in attacked.items() if found and found[0] == "beats"]
+    hurts = [f"{ratio} %" for ratio, found in attacked.items() if found and found[0] == "loses"]
+    after = (f"beats FedAvg under this attack at {', '.join(protects)}" if protects
+             else "beats FedAvg at no attacked ratio")
+    return [f"- Coordinate-wise median {before} before any attack on non-IID data (Fashion-MNIST Dir(0.1), no "
+            f"attacker: FedAvg {clean[1]:.1f}, FedMedian {clean[2]:.1f}) and {after}"
+            + (f"; FedAvg beats it at {', '.join(hurts)}" if hurts else "")
+            + " (-0.5 g is a small, plausible update, not an outlier)."]
 
 
 def backdoor_table() -> list[str]:
