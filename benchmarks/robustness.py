@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import statistics
 import sys
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from graphfed.report.verdicts import TEST_NAME, compare_against, sample_std
+from graphfed.report.verdicts import TEST_NAME, Comparison, compare_against, sample_std, seeds_to_decide
 from graphfed.report.verdicts import verdict as verdict_of
 from graphfed.runs import RunResult, read_result
 
@@ -118,18 +119,53 @@ def ratio_cell(runs: list[RunResult], key: str, ratio: int) -> str:
     return cell(runs, "test_mean" if ratio == 0 else key)
 
 
-def standing(sweep: str, ratio: int, methods: list[str], method: str) -> tuple[int, int, int] | None:
-    """``(beaten, beaten_by, others)`` under the reproduction report's rule (Welch's t-test over seeds at 5 %, losses
-    Holm-corrected): how many of the other methods ``method`` beats on honest clients' accuracy at ``ratio`` and how
-    many beat it; None when a cell has not run."""
+@dataclass(frozen=True)
+class Standing:
+    """One subject at one ratio under the reproduction report's rule (Welch's t-test over seeds at 5 %, losses
+    Holm-corrected), on honest clients' accuracy against each other method."""
+
+    comparisons: list[Comparison]
+    seed_counts: list[int]  # runs per method in the cell
+
+    @property
+    def beaten(self) -> int:
+        return sum(c.outcome == "beats" for c in self.comparisons)
+
+    @property
+    def beaten_by(self) -> int:
+        return sum(c.outcome == "loses" for c in self.comparisons)
+
+    @property
+    def others(self) -> int:
+        return len(self.comparisons)
+
+    @property
+    def short_of_half(self) -> int:
+        """How many more methods it must beat to beat at least half of them."""
+        return max(0, -(-self.others // 2) - self.beaten)
+
+    def seeds_to_half(self) -> int | None:
+        """Seeds per method at which the observed leads would give it the wins it lacks (the cheapest undecided
+        comparisons it leads); None when too few undecided methods trail it or no number of seeds decides."""
+        leads = sorted(c.seeds_needed for c in self.comparisons if c.outcome == "undecided"
+                       and c.seeds_needed is not None and c.method_mean > c.baseline_mean)
+        return leads[self.short_of_half - 1] if 0 < self.short_of_half <= len(leads) else None
+
+    def text(self, ratio: int, subject: str) -> str:
+        low, high = min(self.seed_counts), max(self.seed_counts)
+        seeds = f"n={low}" if low == high else f"n={low}-{high}"
+        return f"{ratio} %: {subject} beats {self.beaten} of {self.others}, beaten by {self.beaten_by} ({seeds})"
+
+
+def standing(sweep: str, ratio: int, methods: list[str], method: str) -> Standing | None:
+    """How ``method`` stands against the other methods at ``ratio``; None when a cell has not run."""
     key = "honest_test_mean" if ratio else "test_mean"
     scores = {m: per_seed(summaries(cell_key(sweep, ratio), m), key) for m in methods}
     if any(not values for values in scores.values()):
         return None
     comparisons = compare_against(scores[method], {m: v for m, v in scores.items() if m != method},
                                   higher_is_better=True)
-    return (sum(c.outcome == "beats" for c in comparisons), sum(c.outcome == "loses" for c in comparisons),
-            len(comparisons))
+    return Standing(comparisons, [len(values) for values in scores.values()])
 
 
 def claim_row(claim: str, sweep: str, ratios: tuple[int, ...], methods: list[str], subjects: tuple[str, ...]) -> str:
@@ -137,28 +173,37 @@ def claim_row(claim: str, sweep: str, ratios: tuple[int, ...], methods: list[str
     attack of ``sweep`` at ``ratios``; at each ratio the subject with the fewest losses (then the most wins) speaks.
     Holds: at every ratio it beats at least half of the other methods and loses to none; does not hold here: at some
     ratio another method beats it; partly: it loses to none but beats fewer than half somewhere; inconclusive: it
-    beats none and loses to none at every ratio."""
+    beats none and loses to none at every ratio. An undecided verdict says how many seeds per method the observed
+    leads would need to reach half at every ratio."""
     texts, outcomes = [], []
     for ratio in ratios:
-        best = None
+        best: tuple[str, Standing] | None = None
         for subject in subjects:
             standing_now = standing(sweep, ratio, methods, subject)
             if standing_now is None:
                 return f"| {claim} | {ratio} % not run yet | not run yet |"
-            if best is None or (standing_now[1], -standing_now[0]) < (best[1][1], -best[1][0]):
+            if best is None or ((standing_now.beaten_by, -standing_now.beaten)
+                                < (best[1].beaten_by, -best[1].beaten)):
                 best = (subject, standing_now)
-        subject, (beaten, beaten_by, others) = best  # type: ignore[misc]
-        texts.append(f"{ratio} %: {subject} beats {beaten} of {others}, beaten by {beaten_by}")
-        outcomes.append((beaten, beaten_by, others))
-    if any(beaten_by for _, beaten_by, _ in outcomes):
-        verdict = "does not hold here"
-    elif all(2 * beaten >= others for beaten, _, others in outcomes):
-        verdict = "holds"
-    elif any(beaten for beaten, _, _ in outcomes):
-        verdict = "partly (loses to none, beats fewer than half at some ratio)"
-    else:
-        verdict = "inconclusive"
-    return f"| {claim} | {'; '.join(texts)} | {verdict} |"
+        assert best is not None
+        texts.append(best[1].text(ratio, best[0]))
+        outcomes.append((ratio, best[1]))
+    return f"| {claim} | {'; '.join(texts)} | {sweep_verdict(outcomes)} |"
+
+
+def sweep_verdict(outcomes: list[tuple[int, Standing]]) -> str:
+    """The verdict of a "better than most" claim from the subject's standing at each ratio (see ``claim_row``)."""
+    if any(found.beaten_by for _, found in outcomes):
+        return "does not hold here"
+    if all(found.short_of_half == 0 for _, found in outcomes):
+        return "holds"
+    verdict = ("partly (loses to none, beats fewer than half at some ratio)"
+               if any(found.beaten for _, found in outcomes) else "inconclusive")
+    short = [(ratio, found.seeds_to_half()) for ratio, found in outcomes if found.short_of_half]
+    unreachable = [f"{ratio} %" for ratio, needed in short if needed is None]
+    if unreachable:
+        return verdict + f"; at {', '.join(unreachable)} too few methods trail it for more seeds to reach half"
+    return verdict + f"; ~{max(needed for _, needed in short if needed)} seeds per method would decide the rest"
 
 
 def plot_sweeps(methods: list[str]) -> None:
@@ -182,7 +227,8 @@ def verdicts(methods: list[str]) -> list[str]:
              "clients' accuracy. A claim **holds** when, at every ratio, the paper's method beats at least half of the "
              "other methods and none beats it; **does not hold here** when at some ratio another method beats it; "
              "**partly** when none beats it but it beats fewer than half at some ratio; **inconclusive** when it "
-             "beats none and none beats it.", "",
+             "beats none and none beats it. n is the seeds per method in a cell; an undecided verdict gives the seeds "
+             "per method at which the observed differences would decide it (80 % power).", "",
              "| claim (paper) | here (honest clients' accuracy) | verdict |", "|---|---|---|"]
     for sweep in ("fl60-mp", "fmnist-mp"):
         lines.append(claim_row(f"Panacea outperforms most baselines under model poisoning at 10-50 % (journal Fig. 4) "
@@ -197,6 +243,9 @@ def verdicts(methods: list[str]) -> list[str]:
         comparisons = compare_against(asr["panacea"], {"fedavg": asr["fedavg"], "ditto": asr["ditto"]},
                                       higher_is_better=False)
         verdict = verdict_of(comparisons)
+        decide = seeds_to_decide(comparisons)
+        if decide is not None and not verdict.startswith(("holds", "does not hold")):
+            verdict += f"; ~{decide} seeds per method would decide the rest"
         p_values = {c.baseline: c.p_value for c in comparisons}
         text = ", ".join(f"{m} {statistics.fmean(v):.1f} ± {sample_std(v):.1f} % (n={len(v)})"
                          + (f", p={p_values[m]:.2g}" if m in p_values else "") for m, v in asr.items())

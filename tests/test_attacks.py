@@ -357,6 +357,40 @@ def test_the_robustness_report_is_regenerated_from_its_run_directories() -> None
     assert (robustness.RESULTS / "report.md").read_text() == robustness.render()
 
 
+def test_the_robustness_sweep_verdict_follows_the_test() -> None:
+    """Made-up standings: a method that beats the subject at one ratio sinks the claim; beating half of the others
+    everywhere with no loss holds; short of half with trailing, undecided methods gives the seeds they would need;
+    short of half with no method trailing it says more seeds cannot help."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    import robustness
+    from graphfed.report.verdicts import Comparison
+
+    def standing(*outcomes: tuple[str, float, int | None]) -> robustness.Standing:
+        comparisons = [Comparison(f"m{i}", outcome, 0.5, 90.0 + lead, 90.0, 10, 10, needed)
+                       for i, (outcome, lead, needed) in enumerate(outcomes)]
+        return robustness.Standing(comparisons, [10] * (len(outcomes) + 1))
+
+    wins = standing(("beats", 5, None), ("beats", 5, None), ("undecided", 1, 40), ("undecided", -1, 60))
+    assert wins.short_of_half == 0
+    assert robustness.sweep_verdict([(10, wins), (20, wins)]) == "holds"
+    lost = standing(("beats", 5, None), ("beats", 5, None), ("loses", -5, None), ("undecided", 1, 40))
+    assert robustness.sweep_verdict([(10, wins), (20, lost)]) == "does not hold here"
+    short = standing(("beats", 5, None), ("undecided", 1, 40), ("undecided", 2, 25), ("undecided", -1, 60))
+    assert short.short_of_half == 1 and short.seeds_to_half() == 25  # the cheapest lead it has
+    assert robustness.sweep_verdict([(10, wins), (20, short)]) == (
+        "partly (loses to none, beats fewer than half at some ratio); ~25 seeds per method would decide the rest")
+    trailing_none = standing(("undecided", -1, 30), ("undecided", -2, 20), ("undecided", -1, 30), ("beats", 5, None))
+    assert trailing_none.seeds_to_half() is None
+    assert robustness.sweep_verdict([(30, trailing_none)]).endswith(
+        "at 30 % too few methods trail it for more seeds to reach half")
+    nothing = standing(("undecided", 1, 30), ("undecided", 1, 20), ("undecided", -1, 30), ("undecided", 1, 50))
+    assert robustness.sweep_verdict([(40, nothing)]) == (
+        "inconclusive; ~30 seeds per method would decide the rest")
+
+
 def test_an_attacked_run_with_simple_tuning_resumes_bit_identically(tmp_path, monkeypatch) -> None:
     """The malicious set, the forged noise and Simple-Tuning are drawn from (seed, round, client) streams: a run
     interrupted after a checkpoint and resumed gives the uninterrupted run's summary."""
