@@ -286,8 +286,9 @@ def findings(methods: list[str]) -> list[str]:
                      f"paper's Table V (CompCars): {beside_paper} %; the highest here is {top} {plain[top]:.1f} %. "
                      f"Simple-Tuning lowers the honest "
                      f"clients' ASR (Welch's test over seeds, 5 %) for {len(lowered)} of {len(BACKDOOR_METHODS)} "
-                     f"methods{lowered_text}; the attacker's "
-                     f"own retrained head keeps the backdoor (its ASR with Simple-Tuning: "
+                     f"methods{lowered_text}; the attacker's own retrained head "
+                     + ("keeps" if min(attacker.values()) >= 50 else "does not always keep")  # type: ignore[operator]
+                     + " the backdoor (its ASR with Simple-Tuning: "
                      f"{min(attacker.values()):.1f}-{max(attacker.values()):.1f} %).")  # type: ignore[type-var]
     return lines
 
