@@ -22,7 +22,14 @@ from typing import Any
 
 import yaml
 
-from graphfed.report.verdicts import TEST_NAME, Comparison, compare_against, sample_std, seeds_to_decide
+from graphfed.report.verdicts import (
+    TEST_NAME,
+    Comparison,
+    compare_against,
+    sample_std,
+    seeds_to_decide,
+    with_seeds_to_decide,
+)
 from graphfed.report.verdicts import verdict as verdict_of
 from graphfed.runs import RunResult, read_result
 
@@ -203,7 +210,7 @@ def sweep_verdict(outcomes: list[tuple[int, Standing]]) -> str:
     unreachable = [f"{ratio} %" for ratio, needed in short if needed is None]
     if unreachable:
         return verdict + f"; at {', '.join(unreachable)} too few methods trail it for more seeds to reach half"
-    return verdict + f"; ~{max(needed for _, needed in short if needed)} seeds per method would decide the rest"
+    return with_seeds_to_decide(verdict, max(needed for _, needed in short if needed))
 
 
 def plot_sweeps(methods: list[str]) -> None:
@@ -242,10 +249,7 @@ def verdicts(methods: list[str]) -> list[str]:
     else:  # lower ASR is better
         comparisons = compare_against(asr["panacea"], {"fedavg": asr["fedavg"], "ditto": asr["ditto"]},
                                       higher_is_better=False)
-        verdict = verdict_of(comparisons)
-        decide = seeds_to_decide(comparisons)
-        if decide is not None and not verdict.startswith(("holds", "does not hold")):
-            verdict += f"; ~{decide} seeds per method would decide the rest"
+        verdict = with_seeds_to_decide(verdict_of(comparisons), seeds_to_decide(comparisons))
         p_values = {c.baseline: c.p_value for c in comparisons}
         text = ", ".join(f"{m} {statistics.fmean(v):.1f} ± {sample_std(v):.1f} % (n={len(v)})"
                          + (f", p={p_values[m]:.2g}" if m in p_values else "") for m, v in asr.items())
@@ -310,8 +314,8 @@ def median_findings() -> list[str]:
         return []
     before = {"loses": "costs accuracy", "beats": "gains accuracy"}.get(clean[0], "neither costs nor gains "
                                                                                "accuracy (by the test)")
-    protects = [f"{ratio} %" for ratio, found in attacked.items() if found and found[0] == "beats"]
-    hurts = [f"{ratio} %" for ratio, found in attacked.items() if found and found[0] == "loses"]
+    protects = [f"{ratio} %" for ratio, found in attacked.items() if found[0] == "beats"]
+    hurts = [f"{ratio} %" for ratio, found in attacked.items() if found[0] == "loses"]
     after = (f"beats FedAvg under this attack at {', '.join(protects)}" if protects
              else "beats FedAvg at no attacked ratio")
     return [f"- Coordinate-wise median {before} before any attack on non-IID data (Fashion-MNIST Dir(0.1), no "

@@ -20,7 +20,15 @@ from graphfed.provenance import code_id_of, code_provenance
 from graphfed.report.plots import plot_comparison
 from graphfed.report.tables import compare_rows, format_value, metric_note, row_cells
 from graphfed.report.tables import headers as table_headers
-from graphfed.report.verdicts import TEST_NAME, compare_against, factor_comparison, sample_std, seeds_to_decide, verdict
+from graphfed.report.verdicts import (
+    TEST_NAME,
+    compare_against,
+    factor_comparison,
+    sample_std,
+    seeds_to_decide,
+    verdict,
+    with_seeds_to_decide,
+)
 from graphfed.runs import RunResult
 from graphfed.suites import Cell, Claim, Suite, SuiteDataset
 
@@ -238,9 +246,7 @@ def verdict_table(suite: Suite, tables: dict[str, list[RunResult]]) -> list[str]
              "does not hold here may hold at the papers' budget.", "",
              "| claim | paper | paper's numbers | here | verdict |", "|---|---|---|---|---|"]
     for claim, item in zip(suite.claims, verdicts, strict=True):
-        decide = item["seeds_to_decide"] if verdict_kind(item["verdict"]) in ("partly", "inconclusive") else None
-        verdict_text = item["verdict"] + (f"; ~{decide} seeds per method would decide the rest"
-                                          if decide is not None else "")
+        verdict_text = with_seeds_to_decide(item["verdict"], item["seeds_to_decide"])
         title = claim.claim + (" *(our question)*" if claim.question else "") + (f" ({claim.note})" if claim.note
                                                                                   else "")
         where = f"seed {claim.seed_file}, {claim.table}" if claim.seed_file else claim.table

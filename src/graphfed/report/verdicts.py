@@ -176,5 +176,13 @@ def seeds_to_decide(comparisons: Sequence[Comparison]) -> int | None:
     return max(needed) if needed else None
 
 
+def with_seeds_to_decide(verdict_text: str, seeds: int | None) -> str:
+    """``verdict_text`` and, when it is undecided (partly, inconclusive) and a number can be given, the seeds per
+    method at which the observed differences would decide it."""
+    if seeds is None or not verdict_text.startswith(("partly", "inconclusive")):
+        return verdict_text
+    return f"{verdict_text}; ~{seeds} seeds per method would decide the rest"
+
+
 __all__ = ["ALPHA", "TEST_NAME", "Comparison", "compare_against", "factor_comparison", "holm_rejections",
-           "sample_std", "seeds_needed", "seeds_to_decide", "verdict", "welch_p_value"]
+           "sample_std", "seeds_needed", "seeds_to_decide", "verdict", "welch_p_value", "with_seeds_to_decide"]
