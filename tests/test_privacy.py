@@ -1,9 +1,11 @@
-"""Client-level differential privacy (``privacy:``): the epsilon a run reports is the accounting library's own, a
-target epsilon is met, every upload that leaves a client (or enters the server's sum) is clipped, the noise has the
-stated size, a mechanism without noise or clipping is the plain run, and what cannot be privatised is refused."""
+"""Client-level differential privacy (``privacy:``): the epsilon a run reports is the accounting library's own over
+every release it made, a target epsilon is met, every upload that leaves a client (or enters the server's sum) is
+clipped, the noise has the stated size and cannot be regenerated from anything the run writes or sends, a mechanism
+without noise or clipping is the plain run, and what cannot be privatised is refused."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -19,6 +21,8 @@ from conftest import ConfigFactory, tiny_overrides, without_wall_time
 from graphfed import cli
 from graphfed.client.privacy import (
     PrivacyPlan,
+    SecureNoise,
+    SeededNoise,
     ServerGradientPrivacy,
     clip_rows,
     epsilon,
@@ -27,7 +31,6 @@ from graphfed.client.privacy import (
 )
 from graphfed.config import PrivacyConfig
 from graphfed.flower.app import run_on_grid
-from graphfed.flower.server import FLOWER_FIELDS
 from graphfed.sim.engine import Simulator, run_config
 from test_flower import flower_config, grid_for
 
@@ -105,15 +108,31 @@ def test_clipping_bounds_every_row_and_leaves_small_rows_alone() -> None:
     assert torch.equal(clip_rows(delta, math.inf), delta)
 
 
-def test_the_noise_has_the_stated_standard_deviation() -> None:
+@pytest.mark.parametrize("source", [SecureNoise(), SeededNoise(0)], ids=["secure", "seeded"])
+def test_the_noise_has_the_stated_standard_deviation(source: SecureNoise | SeededNoise) -> None:
     """Many draws: local noise per value is N(0, (noise_multiplier * clip)^2); central noise on the sum, divided by
-    the expected cohort."""
+    the expected cohort; the same from either source."""
     zeros = torch.zeros(4, 50_000)
-    local = privatize_uploads(zeros, plan("local", 2.0, 1.5), 0, 3, torch.arange(4))
+    local = privatize_uploads(zeros, plan("local", 2.0, 1.5), source, 3, torch.arange(4))
     assert local.std().item() == pytest.approx(3.0, rel=0.01) and abs(local.mean().item()) < 0.02
-    assert not torch.equal(local[0], local[1])  # one stream per client
-    central = noised_mean(zeros, plan("central", 2.0, 1.5), 5.0, 0, 3)
+    assert not torch.equal(local[0], local[1])  # each client its own noise
+    central = noised_mean(zeros, plan("central", 2.0, 1.5), 5.0, source, 3)
     assert central.std().item() == pytest.approx(3.0 / 5.0, rel=0.01)
+    empty = noised_mean(torch.zeros(0, 50_000), plan("central", 2.0, 1.5), 5.0, source, 4)  # an empty cohort
+    assert empty.std().item() == pytest.approx(3.0 / 5.0, rel=0.01)
+
+
+def test_the_secure_source_draws_anew_each_time_and_its_coins_are_uniform() -> None:
+    source = SecureNoise()
+    first, second = (source.gaussian((20_000,), 1.0, "cpu", 0, "privacy") for _ in range(2))
+    assert not torch.equal(first, second)  # same (round, purpose): a seeded stream would repeat
+    assert float(torch.corrcoef(torch.stack([first, second]))[0, 1]) == pytest.approx(0.0, abs=0.03)
+    coins = source.uniform(40_000, 0, "sampling")
+    assert coins.min() > 0 and coins.max() < 1 and float(coins.mean()) == pytest.approx(0.5, abs=0.01)
+    assert float((coins < 0.1).double().mean()) == pytest.approx(0.1, abs=0.006)
+    seeded = SeededNoise(7)
+    assert torch.equal(seeded.gaussian((10,), 1.0, "cpu", 2, "privacy", 3), seeded.gaussian((10,), 1.0, "cpu", 2,
+                                                                                           "privacy", 3))
 
 
 def test_every_update_a_local_client_uploads_is_clipped(make_config: ConfigFactory) -> None:
@@ -134,22 +153,213 @@ def test_every_update_a_local_client_uploads_is_clipped(make_config: ConfigFacto
     assert max(norms) <= 0.05 * (1 + 1e-5) and max(norms) > 0.049  # raw updates are larger: all were clipped
 
 
-def test_a_central_server_hands_the_method_only_the_noised_mean(make_config: ConfigFactory) -> None:
+def _central_releases(config, out_dir: Path | None = None) -> tuple[list[torch.Tensor], object]:  # type: ignore[no-untyped-def]
+    """Every mean update FedAvg's server learned from in a run of ``config`` (its ``central_update`` argument), and
+    the run's result; ``update``, which reads individual updates, must never be called."""
     from graphfed.methods.fedavg import FedAvg
 
     seen: list[torch.Tensor] = []
-    update = FedAvg.update
+    central_update = FedAvg.central_update
 
-    def recording(self: FedAvg, client_ids, sent, delta, metrics) -> None:  # type: ignore[no-untyped-def]
-        seen.append(delta.clone())
-        assert torch.equal(metrics["num_examples"], torch.ones_like(metrics["num_examples"]))
-        update(self, client_ids, sent, delta, metrics)
+    def recording(self: FedAvg, mean_delta: torch.Tensor, expected: float) -> None:
+        seen.append(mean_delta.clone())
+        central_update(self, mean_delta, expected)
 
-    config = private(make_config, "central", "privacy.noise_multiplier=0.7", "privacy.clip_norm=0.5")
+    def individual(*args: object) -> None:
+        raise AssertionError("an individual update reached the method under central DP")
+
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(FedAvg, "update", recording)
+        patch.setattr(FedAvg, "central_update", recording)
+        patch.setattr(FedAvg, "update", individual)
+        result = Simulator(config, out_dir, progress=False).run()
+    return seen, result
+
+
+def test_a_central_server_hands_the_method_only_the_noised_mean(make_config: ConfigFactory, tmp_path: Path) -> None:
+    """One release a round reaches the method; the outputs carry neither the cohort's size nor its losses, and
+    the bytes counted are the expected cohort's."""
+    config = private(make_config, "central", "privacy.noise_multiplier=0.7", "privacy.clip_norm=0.5")
+    seen, result = _central_releases(config, tmp_path / "run")
+    assert len(seen) == config.train.rounds and all(release.ndim == 1 for release in seen)
+    records = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    assert records and all(r["clients"] is None and r["train_loss"] is None for r in records)
+    assert result.bytes_up == config.train.rounds * config.train.clients_per_round * result.num_params * 4
+
+
+def test_two_central_runs_of_one_config_release_different_noise_unless_reproducible_is_asked(
+        make_config: ConfigFactory) -> None:
+    config = private(make_config, "central", "privacy.noise_multiplier=1.0", "train.rounds=3", "train.eval_every=3")
+    first, second = _central_releases(config)[0], _central_releases(config)[0]
+    assert not any(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    reproducible = config.model_copy(update={"privacy": config.privacy.model_copy(
+        update={"reproducible_noise": True})})
+    again, result = _central_releases(reproducible)
+    assert all(torch.equal(a, b) for a, b in zip(again, _central_releases(reproducible)[0], strict=True))
+    record = result.privacy or {}
+    assert record["reproducible_noise"] is True and "protects nobody" in record["noise"]
+    assert any("noise is reproducible from the seed" in line for line in record["outside_the_guarantee"])
+
+
+# ---- the noise is a secret: regenerating it from what the run writes or sends fails --------------------------
+def _uploads_and_clipped(config) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:  # type: ignore[no-untyped-def]
+    """Local DP: per round, the clipped updates before noise, the noised uploads the server receives, and the ids."""
+    from graphfed.client import executor as executor_module
+
+    clipped_rows: list[torch.Tensor] = []
+    uploads: list[torch.Tensor] = []
+    ids: list[torch.Tensor] = []
+    real = executor_module.privatize_uploads
+
+    def recording(delta, plan, noise, round_index, client_ids, purpose="privacy"):  # type: ignore[no-untyped-def]
+        out = real(delta, plan, noise, round_index, client_ids, purpose)
+        clipped_rows.append(clip_rows(delta, plan.clip_norm))
+        uploads.append(out.clone())
+        ids.append(client_ids.clone())
+        return out
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(executor_module, "privatize_uploads", recording)
         Simulator(config, progress=False).run()
-    assert seen and all(torch.equal(rows, rows[:1].expand_as(rows)) for rows in seen)
+    return clipped_rows, uploads, ids
+
+
+@pytest.mark.parametrize("reproducible", [False, True], ids=["secure", "reproducible"])
+def test_regenerating_local_noise_from_the_seed_recovers_no_update(make_config: ConfigFactory,
+                                                                    reproducible: bool) -> None:
+    """The attack the issue ran: subtract the noise regenerated from (seed, round, client), which config.yaml and
+    summary.json record. Secure noise leaves an error of the noise's own size (sqrt 2 times it: two independent
+    draws); the reproducible mode, the attack's control, gives the clipped update back."""
+    config = private(make_config, "local", "privacy.noise_multiplier=0.8", "privacy.clip_norm=0.5",
+                     f"privacy.reproducible_noise={str(reproducible).lower()}", "train.rounds=3",
+                     "train.eval_every=3")
+    clipped, uploads, ids = _uploads_and_clipped(config)
+    attacker = SeededNoise(config.seed)  # everything the attacker needs is in the run's outputs
+    for round_index, (clean, upload, clients) in enumerate(zip(clipped, uploads, ids, strict=True)):
+        regenerated = attacker.gaussian_rows(len(clients), upload.shape[1], 0.8 * 0.5, "cpu", round_index, "privacy",
+                                             clients)
+        error = float(torch.linalg.vector_norm(upload - regenerated - clean))
+        noise = float(torch.linalg.vector_norm(upload - clean))
+        if reproducible:
+            assert error < 1e-4 * noise
+        else:
+            assert error == pytest.approx(2 ** 0.5 * noise, rel=0.15)
+
+
+def test_a_reader_of_the_outputs_predicts_neither_the_central_sample_nor_its_noise(make_config: ConfigFactory) -> None:
+    """Under central DP the attacker regenerates the sampling coins and the sum's noise from the seed: the cohort
+    it predicts is not the one drawn (compared over many rounds), and the sum it recovers is off by the noise."""
+    config = private(make_config, "central", "privacy.noise_multiplier=1.0", "train.rounds=2", "train.eval_every=2")
+    simulator = Simulator(config, progress=False)
+    attacker = SeededNoise(config.seed)
+    train_ids = simulator.setup.federation.train_client_ids
+    rate = simulator.privacy.sampling_rate or 0.0
+    drawn = [set(simulator.sample_clients(r).tolist()) for r in range(200)]
+    predicted = [set(train_ids[attacker.uniform(len(train_ids), r, "sampling") < rate].tolist()) for r in range(200)]
+    assert sum(a == b for a, b in zip(drawn, predicted, strict=True)) < 40  # equal only by chance (mostly empty)
+    zeros = torch.zeros(0, 5000)
+    released = noised_mean(zeros, simulator.privacy, 4.0, simulator.noise, 0)
+    regenerated = attacker.gaussian((5000,), simulator.privacy.sum_noise_multiplier * simulator.privacy.clip_norm,
+                                    "cpu", 0, "privacy") / 4.0
+    assert float(torch.linalg.vector_norm(released - regenerated)) == pytest.approx(
+        2 ** 0.5 * float(torch.linalg.vector_norm(released)), rel=0.1)
+
+
+# ---- every release accounted ---------------------------------------------------------------------------------
+def test_an_empty_poisson_cohort_releases_the_noise_and_counts_as_a_round(make_config: ConfigFactory,
+                                                                          tmp_path: Path) -> None:
+    """Rounds whose secret sample is empty (forced here in rounds 2 and 5) still release the noise to the method
+    and are accounted; the run completes."""
+    config = private(make_config, "central", "privacy.noise_multiplier=1.0", "train.rounds=6", "train.eval_every=3")
+    real = Simulator.sample_clients
+
+    def sometimes_empty(self: Simulator, round_index: int) -> torch.Tensor:
+        return real(self, round_index)[:0] if round_index in (1, 4) else real(self, round_index)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Simulator, "sample_clients", sometimes_empty)
+        seen, result = _central_releases(config, tmp_path / "run")
+    assert result.status == "completed" and len(seen) == 6
+    assert float(torch.linalg.vector_norm(seen[1])) > 0  # the noise alone
+    record = result.privacy or {}
+    assert record["rounds_released"] == 6
+    rate = config.train.clients_per_round / (result.training_clients or 0)
+    assert record["epsilon"] == library_epsilon(1.0, 6, rate, record["delta"])
+
+
+@pytest.mark.parametrize("method", ["pfedhn", "feddyn"])
+def test_an_empty_cohort_steps_every_central_server_on_the_noise(method: str, make_config: ConfigFactory) -> None:
+    """Both forms of central DP survive a round with no client: the DP-SGD server (pFedHN) steps on the noise, the
+    released-mean server (FedDyn, which needs a count) uses the expected cohort."""
+    config = private(make_config, "central", "privacy.noise_multiplier=1.0", "train.rounds=3", "train.eval_every=3",
+                     method=method)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Simulator, "sample_clients", lambda self, round_index: torch.zeros(0, dtype=torch.long))
+        simulator = Simulator(config, progress=False)
+        clients = torch.arange(simulator.setup.federation.num_clients)
+        before = simulator.setup.method.eval_weights(clients).clone()
+        result = simulator.run()
+    assert result.status == "completed" and (result.privacy or {})["rounds_released"] == 3
+    assert not torch.equal(before, simulator.setup.method.eval_weights(clients))  # the noise moved the server
+
+
+def test_a_run_stopped_between_evaluations_accounts_every_round_it_released(make_config: ConfigFactory,
+                                                                           tmp_path: Path) -> None:
+    """Evaluations every 5 rounds; a NaN update stops the run in round 8 (before its release): epsilon covers the 7
+    rounds that reached the model, not the 5 evaluated."""
+    from graphfed.client.executor import ClientRuntime
+
+    config = private(make_config, "central", "privacy.noise_multiplier=1.0", "train.rounds=12")
+    real = ClientRuntime.train
+
+    def breaking(self, client_ids, start, round_index, purpose, steps=None, broadcast=None):  # type: ignore[no-untyped-def]
+        result = real(self, client_ids, start, round_index, purpose, steps, broadcast)
+        if round_index == 7 and purpose == "local_training":
+            result.delta[0, 0] = float("nan")
+        return result
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ClientRuntime, "train", breaking)
+        patch.setattr(Simulator, "sample_clients", lambda self, r: self.setup.federation.train_client_ids[:3])
+        result = Simulator(config, tmp_path / "run", progress=False).run()
+    assert result.status.startswith("stopped") and result.rounds == 5
+    record = result.privacy or {}
+    assert record["rounds_released"] == 7
+    assert record["epsilon"] == library_epsilon(1.0, 7, 4 / (result.training_clients or 0), record["delta"])
+
+
+def test_an_interrupted_and_resumed_run_counts_the_rounds_it_released_twice(make_config: ConfigFactory,
+                                                                          tmp_path: Path) -> None:
+    """Checkpoint at round 5, interrupted after round 8, resumed: rounds 6-8 were released by the first process and
+    again by the second, so epsilon composes 8 + 7 = 15 releases (the ledger travels beside the checkpoint)."""
+    config = private(make_config, "central", "privacy.noise_multiplier=1.0", "train.rounds=12")
+    out = tmp_path / "run"
+    real = Simulator.run_round
+
+    def interrupting(self: Simulator, round_index: int):  # type: ignore[no-untyped-def]
+        if round_index == 8:
+            raise KeyboardInterrupt
+        return real(self, round_index)
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(Simulator, "run_round", interrupting)
+        Simulator(config, out, progress=False).run()
+    assert json.loads((out / "privacy.json").read_text())["central_releases"] == 8
+    result = Simulator(config, out, progress=False).run(resume=True)
+    record = result.privacy or {}
+    assert result.status == "completed" and record["rounds_released"] == 15
+    assert record["epsilon"] == library_epsilon(1.0, 15, 4 / (result.training_clients or 0), record["delta"])
+
+
+def test_a_private_run_reports_its_last_round_unless_validation_selection_is_asked(make_config: ConfigFactory) -> None:
+    """Choosing the best round reads the clients' validation scores outside the mechanism: a private run reports
+    its last evaluation by default; with model_selection=validation it may choose, and says that is outside."""
+    config = private(make_config, "local", "privacy.noise_multiplier=3.0", "train.rounds=10", "train.eval_every=1")
+    result = run_config(config, progress=False)
+    assert result.best_round == 10
+    assert not any("validation scores" in line for line in (result.privacy or {})["outside_the_guarantee"])
+    chosen = run_config(private(make_config, "local", "privacy.noise_multiplier=3.0", "train.rounds=10",
+                                "train.eval_every=1", "privacy.model_selection=validation"), progress=False)
+    assert any("validation scores" in line for line in (chosen.privacy or {})["outside_the_guarantee"])
 
 
 # ---- central DP for hypernetworks: DP-SGD on the server's parameters ------------------------------------------------
@@ -164,7 +374,7 @@ def test_the_server_gradient_is_the_sum_of_each_clients_clipped_contribution() -
     layer, embeddings = _linear_server(rows=3, width=4)
     direction = torch.randn(3, 6) * torch.tensor([[0.01], [10.0], [3.0]])  # one client far inside the clip
     clip, expected = 1.0, 5.0
-    privacy = ServerGradientPrivacy(PrivacyPlan("central", clip, 0.0, 1e-5, "pld", 10, 0.5), expected, seed=0)
+    privacy = ServerGradientPrivacy(PrivacyPlan("central", clip, 0.0, 1e-5, "pld", 10, 0.5), expected, SecureNoise())
     optimizer = torch.optim.SGD(layer.parameters(), lr=0.0)
     privacy.step(optimizer, layer(embeddings), direction)
     contributions = [3 * torch.outer(direction[i], embeddings[i]) for i in range(3)]  # d <d_i, W e_i> / dW
@@ -178,7 +388,7 @@ def test_the_server_gradient_noise_has_the_stated_std_split_over_the_rounds_step
     server steps of a round (k Gaussian steps of multiplier z sqrt(k) on one sample compose to multiplier z)."""
     layer, embeddings = _linear_server(rows=2, width=4000)
     plan = PrivacyPlan("central", 2.0, 1.5, 1e-5, "pld", 10, 0.5)
-    privacy = ServerGradientPrivacy(plan, expected_clients=4.0, seed=3, steps_per_round=4)
+    privacy = ServerGradientPrivacy(plan, expected_clients=4.0, noise=SecureNoise(), steps_per_round=4)
     privacy.begin_round(0)
     optimizer = torch.optim.SGD(layer.parameters(), lr=0.0)
     privacy.step(optimizer, layer(embeddings), torch.zeros(2, 6))
@@ -186,6 +396,8 @@ def test_the_server_gradient_noise_has_the_stated_std_split_over_the_rounds_step
     assert first.std().item() == pytest.approx(1.5 * 2.0 * 2.0 / 4.0, rel=0.02)
     privacy.step(optimizer, layer(embeddings), torch.zeros(2, 6))
     assert not torch.equal(layer.weight.grad, first)  # each step of the round draws its own noise
+    privacy.step(optimizer, layer(embeddings)[:0], torch.zeros(0, 6))  # an empty cohort: the noise alone
+    assert layer.weight.grad.std().item() == pytest.approx(1.5 * 2.0 * 2.0 / 4.0, rel=0.02)
 
 
 @pytest.mark.parametrize("method", ["pfedhn", "panacea"])
@@ -208,9 +420,9 @@ def test_central_dp_trains_hypernetworks_by_private_server_gradients(method: str
     assert seen and result.privacy is not None
     rate = config.train.clients_per_round / (result.training_clients or 0)
     assert result.privacy["epsilon"] == library_epsilon(1.1, config.train.rounds, rate, result.privacy["delta"])
-    everyone = ["privacy.noise_multiplier=0", "privacy.clip_norm=.inf", "train.clients_per_round=100",
-                "dataset.novel_fraction=0"]
-    plain = run_config(make_config(method, *everyone[2:]), progress=False)
+    everyone = ["privacy.noise_multiplier=0", "privacy.clip_norm=.inf", "privacy.model_selection=validation",
+                "train.clients_per_round=100", "dataset.novel_fraction=0"]
+    plain = run_config(make_config(method, *everyone[3:]), progress=False)
     degenerate = run_config(private(make_config, "central", *everyone, method=method), progress=False)
     assert degenerate.test_mean == pytest.approx(plain.test_mean, abs=1e-4)
 
@@ -219,7 +431,7 @@ def test_noise_zero_and_no_clipping_is_the_plain_run(make_config: ConfigFactory)
     """``local`` with noise 0 and clip .inf changes nothing: the same numbers as the run without privacy."""
     plain = run_config(make_config("ditto"), progress=False)
     degenerate = run_config(private(make_config, "local", "privacy.noise_multiplier=0", "privacy.clip_norm=.inf",
-                                    method="ditto"), progress=False)
+                                    "privacy.model_selection=validation", method="ditto"), progress=False)
     assert {k: v for k, v in without_wall_time(degenerate).items() if k != "privacy"} == without_wall_time(plain)
     assert degenerate.privacy["epsilon_max"] == math.inf
 
@@ -248,6 +460,17 @@ REFUSED = {
     "median central": ("fedavg", ["privacy.mechanism=central", "method.options.aggregation=fedmedian"],
                        "privacy.mechanism=central: fedavg: aggregation fedmedian needs the individual updates"),
     "no noise given": ("fedavg", ["privacy.mechanism=local"], "give exactly one of privacy.noise_multiplier"),
+    "panacea central, knn graph": ("panacea", ["privacy.mechanism=central", "dataset.graph=knn"],
+                                   "privacy.mechanism=central: panacea reads the client graph, and dataset.graph=knn "
+                                   "builds it from each client's data"),
+    "sfl local, knn graph": ("sfl", ["privacy.mechanism=local", "dataset.graph=knn"],
+                             "privacy.mechanism=local: sfl reads the client graph, and dataset.graph=knn"),
+    "central dropout": ("fedavg", ["privacy.mechanism=central", "train.dropout=0.2"],
+                        "train.dropout change who takes part"),
+    "early stop, last round": ("fedavg", ["privacy.mechanism=local", "train.patience=2"],
+                               "train.patience: early stopping reads the clients' validation scores"),
+    "central replace-one": ("fedavg", ["privacy.mechanism=central", "privacy.neighbours=replace_one"],
+                            "privacy.neighbours: replace_one does not apply to mechanism central"),
 }
 
 
@@ -282,29 +505,71 @@ def test_a_supernode_sends_only_clipped_updates_under_local_dp() -> None:
     assert sent_norms and max(sent_norms) <= 0.01 * (1 + 1e-5)
 
 
-def test_flower_nodes_add_the_simulators_noise_under_local_dp() -> None:
-    """The noise is drawn on the node, from the (run, round, client) stream: the deployment's numbers are the
-    simulator's."""
-    config = flower_config("fedavg", "privacy.mechanism=local", "privacy.noise_multiplier=0.3",
-                           "privacy.clip_norm=0.5")
-    on_flower = run_on_grid(grid_for(config), config, None)
-    simulated = run_config(config, progress=False)
-    drop = (*FLOWER_FIELDS, "models_note")
-    assert ({k: v for k, v in without_wall_time(on_flower).items() if k not in drop}
-            == {k: v for k, v in without_wall_time(simulated).items() if k not in drop})
+def test_flower_nodes_draw_noise_nobody_can_regenerate_under_local_dp() -> None:
+    """Each node draws its local noise from its own secure generator: the uploads the server receives are the
+    clipped update plus noise of the stated size, and the noise the run's seed (sent in every message) would give
+    is not it. With zero noise the same nodes send exactly the simulator's clipped updates."""
+    common = ["privacy.mechanism=local", "privacy.clip_norm=0.05", "train.rounds=1", "model.options={hidden: 64}"]
+    noisy = flower_config("fedavg", *common, "privacy.noise_multiplier=2.0")
+    exact = flower_config("fedavg", *common, "privacy.noise_multiplier=0")
+    received: dict[str, dict[int, torch.Tensor]] = {"noisy": {}, "exact": {}}
+    for key, config in (("noisy", noisy), ("exact", exact)):
+        grid = grid_for(config)
+
+        def reading(content: RecordDict, message: Message, key: str = key) -> RecordDict:
+            if message.metadata.message_type == "train":
+                received[key][len(received[key])] = torch.from_numpy(content["delta"].to_numpy_ndarrays()[0].copy())
+            return content
+
+        for node in grid.contexts:
+            grid.tamper[node] = reading
+        assert run_on_grid(grid, config, None).status == "completed"
+    assert len(received["noisy"]) == len(received["exact"]) > 0
+    clean = torch.stack(list(received["exact"].values()))
+    noisy_rows = torch.stack(list(received["noisy"].values()))
+    # rows arrive in node order in both runs: the clean update is the exact run's (same seed, same batches)
+    noise = noisy_rows - clean
+    assert float(noise.std()) == pytest.approx(2.0 * 0.05, rel=0.05)
+    regenerated = SeededNoise(noisy.seed).gaussian((noise.shape[1],), 0.1, "cpu", 0, "privacy", 0)
+    assert all(float(torch.linalg.vector_norm(row - regenerated)) > float(torch.linalg.vector_norm(row))
+               for row in noise)
 
 
-def test_a_flower_server_takes_the_simulators_private_server_steps_for_pfedhn() -> None:
-    """Central DP of a hypernetwork happens in the ServerApp's server step: the deployment's numbers, epsilon
-    included, are the simulator's."""
+def test_flower_refuses_reproducible_noise(tmp_path: Path) -> None:
+    config = flower_config("fedavg", "privacy.mechanism=local", "privacy.noise_multiplier=1.0",
+                           "privacy.reproducible_noise=true")
+    from graphfed.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"privacy\.reproducible_noise: a deployment.s noise must be secret"):
+        run_on_grid(grid_for(config), config, None)
+    args = [a for o in ["dataset.name=fln", "privacy.mechanism=local", "privacy.noise_multiplier=1",
+                        "privacy.reproducible_noise=true"] for a in ("--set", o)]
+    result = CliRunner().invoke(cli.app, ["flower-app", "demo", *args, "--out", str(tmp_path / "app")])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "a deployment's noise must be secret" in lines[0]
+    assert not (tmp_path / "app").exists()
+
+
+def test_a_flower_server_takes_private_server_steps_for_pfedhn() -> None:
+    """Central DP of a hypernetwork happens in the ServerApp's server step (each client's contribution clipped, the
+    noise the server's own), and its epsilon is the library's for the rounds it released."""
     config = flower_config("pfedhn", "privacy.mechanism=central", "privacy.noise_multiplier=0.8",
                            "privacy.clip_norm=0.5")
-    on_flower = run_on_grid(grid_for(config), config, None)
-    simulated = run_config(config, progress=False)
-    drop = (*FLOWER_FIELDS, "models_note")
-    assert on_flower.privacy is not None and on_flower.privacy["epsilon"] > 0
-    assert ({k: v for k, v in without_wall_time(on_flower).items() if k not in drop}
-            == {k: v for k, v in without_wall_time(simulated).items() if k not in drop})
+    steps: list[int] = []
+    step = ServerGradientPrivacy.step
+
+    def recording(self, optimizer, sent, direction, extra_loss=None) -> None:  # type: ignore[no-untyped-def]
+        steps.append(len(sent))
+        step(self, optimizer, sent, direction, extra_loss)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ServerGradientPrivacy, "step", recording)
+        on_flower = run_on_grid(grid_for(config), config, None)
+    record = on_flower.privacy or {}
+    assert on_flower.status == "completed" and len(steps) == config.train.rounds
+    rate = config.train.clients_per_round / (on_flower.training_clients or 0)
+    assert record["epsilon"] == library_epsilon(0.8, config.train.rounds, min(1.0, rate), record["delta"])
 
 
 # ---- secure aggregation (SecAgg+ on real SuperNodes: tests/test_flower_processes.py) ------------------------------
@@ -401,3 +666,88 @@ def test_adaptive_clipping_errors_are_one_line(overrides: list[str], message: st
     assert result.exit_code == 2, result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], lines
+
+
+# ---- the audit: an epsilon lower bound that a broken mechanism exceeds ------------------------------------------
+def test_clopper_pearson_bounds_and_the_epsilon_they_prove() -> None:
+    from graphfed.client.audit import clopper_pearson_upper, epsilon_lower_bound
+
+    assert clopper_pearson_upper(0, 1000, 0.975) == pytest.approx(1 - 0.025 ** (1 / 1000), rel=1e-9)
+    assert clopper_pearson_upper(1000, 1000, 0.975) == 1.0
+    assert clopper_pearson_upper(10, 1000, 0.975) > 0.01  # above the observed rate
+    fpr, fnr = 1 - 0.025 ** (1 / 5000), 1 - 0.025 ** (1 / 4000)
+    assert epsilon_lower_bound(0, 5000, 0, 4000, 1e-3) == pytest.approx(math.log((1 - 1e-3 - fnr) / fpr))
+    assert epsilon_lower_bound(2500, 5000, 2000, 4000, 1e-3) == 0.0  # a coin flip proves nothing
+
+
+@pytest.mark.parametrize("mechanism", ["local", "central"])
+def test_the_audit_fails_a_broken_mechanism_and_passes_graphfeds(mechanism: str) -> None:
+    """8,000 canaries against a claim of epsilon 2 over 20 rounds: no noise, and reproducible noise against an
+    attacker who reads the seed, prove an epsilon well above the claim; the secure mechanism stays below it."""
+    from graphfed.client.audit import audit
+    from graphfed.client.privacy import plan_privacy
+
+    def plan(**options: object):  # type: ignore[no-untyped-def]
+        return plan_privacy(PrivacyConfig(mechanism=mechanism, delta=1e-3, clip_norm=1.0, **options), 60, 24, 20)
+
+    broken = [audit(plan(noise_multiplier=0.0), 20, 8000),
+              audit(plan(target_epsilon=2.0, reproducible_noise=True), 1 if mechanism == "local" else 20, 8000,
+                    seed_attacker=True)]
+    sound = audit(plan(target_epsilon=2.0), 20, 8000)
+    assert all(result.epsilon_lower_bound > 6.0 for result in broken), [r.epsilon_lower_bound for r in broken]
+    assert sound.claimed_epsilon == pytest.approx(2.0, rel=0.01)
+    assert 0.3 < sound.epsilon_lower_bound < sound.claimed_epsilon  # a real attack, and the claim holds
+
+
+def test_replace_one_neighbours_double_the_sensitivity_and_the_summary_names_them(make_config: ConfigFactory) -> None:
+    """Replace-one compares any two uploads of a client (sensitivity 2 clip): the same noise spends the epsilon of
+    half the multiplier, and a target calibrates twice the noise of zero-out's."""
+    from graphfed.client.privacy import plan_privacy
+
+    zero_out = plan_privacy(PrivacyConfig(mechanism="local", target_epsilon=2.0, delta=1e-3), 60, 24, 100)
+    replace = plan_privacy(PrivacyConfig(mechanism="local", target_epsilon=2.0, delta=1e-3,
+                                         neighbours="replace_one"), 60, 24, 100)
+    assert replace.noise_multiplier == pytest.approx(2 * zero_out.noise_multiplier)
+    same_noise = plan_privacy(PrivacyConfig(mechanism="local", noise_multiplier=zero_out.noise_multiplier,
+                                            delta=1e-3, neighbours="replace_one"), 60, 24, 100)
+    assert same_noise.epsilon_of_rounds(100) == library_epsilon(zero_out.noise_multiplier / 2, 100, None, 1e-3)
+    assert same_noise.epsilon_of_rounds(100) > 2 * 2.0
+    result = run_config(private(make_config, "local", "privacy.noise_multiplier=2.0",
+                                "privacy.neighbours=replace_one"), progress=False)
+    record = result.privacy or {}
+    assert record["neighbours"] == "replace_one" and "sensitivity 2 x clip_norm" in record["neighbours_meaning"]
+    assert record["delta_source"].startswith(f"0.1 / {result.training_clients} training clients")
+
+
+def test_novel_clients_adapt_with_clipped_noised_uploads_under_local_dp(make_config: ConfigFactory) -> None:
+    """A novel client's adaptation uploads leave it clipped (and noised), and count towards its own epsilon."""
+    from graphfed.methods.base import EmbeddingHypernetwork
+
+    norms: list[float] = []
+    adapt = EmbeddingHypernetwork.adapt_novel
+
+    def recording(self, client_ids, sent, delta) -> None:  # type: ignore[no-untyped-def]
+        norms.extend(torch.linalg.vector_norm(delta, dim=1).tolist())
+        adapt(self, client_ids, sent, delta)
+
+    config = private(make_config, "local", "privacy.noise_multiplier=0", "privacy.clip_norm=0.01",
+                     "dataset.novel_fraction=0.25", method="pfedhn")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(EmbeddingHypernetwork, "adapt_novel", recording)
+        result = run_config(config, progress=False)
+    assert norms and max(norms) <= 0.01 * (1 + 1e-5)
+    novel = result.novel_clients or []
+    epsilons = (result.privacy or {})["per_client_epsilon"]
+    assert novel and all(epsilons[name] == math.inf for name in novel)  # no noise: every upload spends all
+
+
+def test_the_privacy_audit_command_passes_a_sound_config_and_fails_reproducible_noise() -> None:
+    base = [*tiny_overrides("fedavg"), "privacy.mechanism=local", "privacy.target_epsilon=2.0", "train.rounds=1"]
+    args = [a for o in base for a in ("--set", o)]
+    sound = CliRunner().invoke(cli.app, ["privacy-audit", "demo", *args, "--canaries", "4000"])
+    assert sound.exit_code == 0, sound.output
+    assert "claimed epsilon 2" in sound.stdout and "the claim holds against this attack" in sound.stdout
+    broken = CliRunner().invoke(cli.app, ["privacy-audit", "demo", *args, "--set", "privacy.reproducible_noise=true",
+                                          "--seed-attacker", "--canaries", "4000"])
+    assert broken.exit_code == 3, broken.output
+    assert "does not give its claimed epsilon: its noise is reproducible from the seed" in broken.stderr

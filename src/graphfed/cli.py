@@ -153,9 +153,11 @@ def _print_summary(summary: RunResult) -> None:
     from graphfed.report.tables import format_value
 
     metric = summary.metric
-    table = Table(title=f"{summary.method} on {summary.dataset} (best validation round "
-                        f"{summary.best_round} of {summary.rounds})")
-    from graphfed.report.tables import metric_label
+    from graphfed.report.tables import metric_label, privacy_sentence
+
+    chosen = ("last evaluated round" if summary.privacy and summary.privacy.get("model_selection") == "last"
+              else "best validation round")
+    table = Table(title=f"{summary.method} on {summary.dataset} ({chosen} {summary.best_round} of {summary.rounds})")
 
     for header in (f"test {metric_label(metric)} (mean ± std over clients)", "clients scored", "pooled", "novel",
                    "novel (adapted)", "wall s"):
@@ -172,6 +174,8 @@ def _print_summary(summary: RunResult) -> None:
                                else (summary.novel_adapted_mean, summary.novel_adapted_std), metric),
                   f"{summary.wall_seconds:.1f}")
     show(table)
+    if summary.privacy:
+        console.print(privacy_sentence(summary.privacy))
     attack = summary.attack
     if attack.get("malicious_clients") or summary.asr_mean is not None:
         robustness = Table(title=f"under attack: {attack.get('kind')}, {len(attack.get('malicious_clients', []))} "
@@ -311,6 +315,10 @@ def show_run(run_dir: Annotated[Path, typer.Argument(help="a run directory (hold
     if result.stopped_early:
         console.print(f"stopped early at round {result.stopped_early['round']} (patience "
                       f"{result.stopped_early['patience']})")
+    if result.privacy:
+        from graphfed.report.tables import privacy_sentence
+
+        console.print(privacy_sentence(result.privacy))
     if not result.per_client:
         console.print("no per-client scores (a run written by an older graphfed)")
         return
@@ -379,6 +387,41 @@ def flower_app(config: Annotated[Path, typer.Argument(help="YAML run config")],
                   f"client-resources-num-cpus={cfg.flower.client_cpus:g} "
                   f"client-resources-num-gpus={cfg.flower.client_gpus:g}\" --stream\n"
                   f"  deployment: see README, section 'Flower'")
+
+
+@app.command("privacy-audit")
+def privacy_audit(config: Annotated[Path, typer.Argument(help="YAML run config with a privacy section")],
+                  overrides: SetOption = None,
+                  canaries: Annotated[int, typer.Option(min=100, help="canary clients, each an independent "
+                                                        "trial (more: a tighter bound, longer)")] = 50_000,
+                  seed_attacker: Annotated[bool, typer.Option(help="the attacker also subtracts the noise the run's "
+                                                              "seed regenerates")] = False) -> None:
+    """Audit CONFIG's privacy mechanism: an epsilon lower bound from canary clients beside the claimed epsilon."""
+    from graphfed.client.audit import audit
+    from graphfed.client.privacy import plan_privacy
+    from graphfed.data import build_federation
+
+    cfg = _load(config, overrides)
+    if cfg.privacy.mechanism == "none":
+        _fail("privacy.mechanism: none; nothing to audit (set privacy.mechanism and its noise)", EXIT_CONFIG)
+    federation = build_federation(cfg.dataset, cfg.seed)  # the plan depends on how many clients train
+    train = cfg.train
+    plan = plan_privacy(cfg.privacy, len(federation.train_client_ids), train.clients_per_round, train.rounds)
+    try:
+        result = audit(plan, train.rounds, canaries, seed_attacker=seed_attacker, seed=cfg.seed)
+    except ValueError as err:
+        _fail(str(err), EXIT_CONFIG)
+    console.print(f"{plan.mechanism} DP, {result.rounds} rounds, delta {plan.delta:.3g}: claimed epsilon "
+                  f"{result.claimed_epsilon:.4g}; {result.attacker} attacker on {canaries:,} canaries: epsilon >= "
+                  f"{result.epsilon_lower_bound:.4g} with {result.confidence:.0%} confidence (false positives "
+                  f"{result.false_positives} of {result.scored_out}, false negatives {result.false_negatives} of "
+                  f"{result.scored_in})")
+    if result.epsilon_lower_bound > result.claimed_epsilon:
+        typer.echo("the mechanism does not give its claimed epsilon" + (
+            ": its noise is reproducible from the seed (privacy.reproducible_noise)" if plan.reproducible
+            else f"; {BUG_REPORT}"), err=True)
+        raise typer.Exit(EXIT_INTERNAL if not plan.reproducible else EXIT_RUN)
+    console.print("the claim holds against this attack")
 
 
 @app.command("plot-graphs")

@@ -273,6 +273,18 @@ class PrivacyConfig(_Strict):
     quantile_noise: float | None = Field(default=None, gt=0, description="adaptive clipping: std of the noise on "
                                          "the count of clients under the clip (default: expected clients / 20, at "
                                          "least what keeps the count to a tenth of the noise budget)")
+    neighbours: Literal["zero_out", "replace_one", "add_remove"] | None = Field(
+        default=None, description="which federations the guarantee tells apart. local: zero_out (default; a "
+        "client's upload against the same client holding no data, sensitivity clip_norm) or replace_one (any two "
+        "uploads of a client, sensitivity 2 x clip_norm: twice the noise for the same epsilon); central: "
+        "add_remove (the federation with and without one client)")
+    reproducible_noise: bool = Field(default=False, description="draw the noise and the Poisson sampling from the "
+                                     "run's seed (the numbers repeat): anyone who reads the seed removes the noise, "
+                                     "so the run protects nobody; simulation research only, refused on Flower")
+    model_selection: Literal["last", "validation"] = Field(
+        default="last", description="which round's models a private run reports and saves: last (inside the "
+        "guarantee) or validation (the best validation round, which early stopping needs; that choice reads the "
+        "clients' validation scores outside the mechanism, and the summary says so)")
 
     @model_validator(mode="after")
     def _one_noise_source(self) -> PrivacyConfig:
@@ -284,6 +296,10 @@ class PrivacyConfig(_Strict):
                              "counts the clients under the clip)")
         if self.adaptive_quantile is not None and math.isinf(self.clip_norm):
             raise ValueError("privacy.adaptive_quantile: give a finite clip_norm to start from")
+        allowed = {"local": ("zero_out", "replace_one"), "central": ("add_remove",)}.get(self.mechanism, ())
+        if self.neighbours is not None and self.neighbours not in allowed:
+            raise ValueError(f"privacy.neighbours: {self.neighbours} does not apply to mechanism {self.mechanism}; "
+                             f"allowed: {', '.join(allowed) or 'none (privacy is off)'}")
         return self
 
 
@@ -368,6 +384,11 @@ class RunConfig(_Strict):
         # their checks with register_name_check (graphfed/__init__.py does, for graphfed.registries).
         for check in NAME_CHECKS:
             check(self)
+        if (self.privacy.mechanism != "none" and self.privacy.model_selection == "last"
+                and self.train.patience is not None):
+            raise ValueError("train.patience: early stopping reads the clients' validation scores, outside the "
+                             "privacy mechanism; unset it, or set privacy.model_selection=validation (the summary "
+                             "then says the choice of round is outside the guarantee)")
         if self.model.architectures is not None and self.defense.simple_tuning:
             raise ValueError("defense.simple_tuning: clients of different architectures have no shared "
                              "classifier layer to re-initialise (FLHA-GHN's inference already refines the head)")

@@ -39,6 +39,10 @@ def check_update(update: torch.Tensor, client_ids: torch.Tensor, dim: int, round
                                    f"{', '.join(culprits)}")
 
 
+#: the trainings whose updates leave the client (local DP noises them), with the noise draw's purpose
+UPLOADING = {"local_training": "privacy", "novel": "novel_privacy"}
+
+
 @dataclass
 class TrainResult:
     """The updates that arrived: ``rows`` indexes the asked-for clients, in order."""
@@ -47,6 +51,13 @@ class TrainResult:
     client_ids: torch.Tensor  # [K]
     delta: torch.Tensor  # [K, dim], sent - trained, computed where the client trained
     metrics: dict[str, torch.Tensor]  # each [K]
+
+    @classmethod
+    def nothing(cls, dim: int, device: torch.device | str) -> TrainResult:
+        """No update: a round whose (Poisson) cohort is empty."""
+        empty = torch.zeros(0, dtype=torch.long, device="cpu")
+        return cls(empty, empty, torch.zeros(0, dim, device=device),
+                   {name: torch.zeros(0, device=device) for name in ("loss_first", "loss_last", "num_examples")})
 
 
 class ClientExecutor(ABC):
@@ -145,8 +156,10 @@ class ClientRuntime(ClientExecutor):
         self.model, self.spec, self.federation = model, spec, federation
         self.rule, self.seed = rule, seed
         self.attack, self.tuning = attack, tuning
-        #: ``privacy.mechanism: local``: every upload is clipped and noised here, before it leaves the client
+        #: ``privacy.mechanism: local``: every upload is clipped and noised here, before it leaves the client, with
+        #: noise from the client's own secure source (the seed determines it only under reproducible_noise)
         self.local_privacy = privacy if privacy is not None and privacy.mechanism == "local" else None
+        self.noise = self.local_privacy.noise_source(seed) if self.local_privacy is not None else None
         self.training = rule.setting.training
         self.device = federation.train.device
         self.store = store if store is not None else ClientStateStore(torch.arange(federation.num_clients,
@@ -197,8 +210,9 @@ class ClientRuntime(ClientExecutor):
                                                       self.training, feedback_seeds)
             metrics["feedback_seed"] = torch.tensor(feedback_seeds, dtype=torch.int64, device="cpu")
         delta = start - trained
-        if self.local_privacy is not None and purpose == "local_training":
-            delta = privatize_uploads(delta, self.local_privacy, self.seed, round_index, client_ids)
+        if self.local_privacy is not None and self.noise is not None and purpose in UPLOADING:
+            delta = privatize_uploads(delta, self.local_privacy, self.noise, round_index, client_ids,
+                                      UPLOADING[purpose])
             # losses depend on the client's data and are not privatised: they are not sent (the server logs none)
             metrics["loss_first"] = torch.zeros_like(metrics["loss_first"])
             metrics["loss_last"] = torch.zeros_like(metrics["loss_last"])

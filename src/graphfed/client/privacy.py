@@ -1,22 +1,35 @@
 """Client-level differential privacy: clipping, Gaussian noise and its accounting (``privacy:`` in the config).
 
-The unit protected is a whole client: a neighbouring federation adds or removes one client's every upload.
+The unit protected is a whole client. Which neighbouring federations a guarantee is for (``privacy.neighbours``):
 
-* ``local``: each client clips its update to ``clip_norm`` (L2) and adds ``N(0, (noise_multiplier * clip_norm)^2)``
-  to every coordinate before it leaves (on Flower, on the SuperNode: the server never holds a raw update). Each
-  round a client takes part in is one Gaussian mechanism of sensitivity ``clip_norm``; a client's epsilon composes
-  the rounds it took part in (no amplification: the server sees each upload).
-* ``central`` (a trusted server): the server clips each client's update, sums them, adds the noise once to the sum
-  and divides by the expected cohort size (DP-FedAvg, McMahan et al., ICLR 2018, "Learning differentially private
-  recurrent language models"). Clients are sampled Poisson (each with probability q = clients_per_round / training
-  clients, independently, every round) so that the accounting's subsampling amplification is the sampling the
-  engine does; epsilon composes ``rounds`` Poisson-subsampled Gaussian mechanisms. With ``adaptive_quantile``
-  the clip follows a quantile of the update norms (Andrew et al., NeurIPS 2021, "Differentially private learning
-  with adaptive clipping"): each round the server also releases the noised count of clients whose update was
-  within the clip (each client's bit shifted to +-1/2, noise std ``quantile_noise``) and moves the clip
-  geometrically towards the quantile. Both releases are Gaussian queries of the same clients, so together they
-  are one Gaussian mechanism of noise multiplier ``(z_sum^-2 + (2 quantile_noise)^-2)^(-1/2)`` (their Theorem 1):
-  the accounted ``noise_multiplier`` is that total, and the sum's own noise ``z_sum`` is set to meet it.
+* ``local`` (each client clips its update to ``clip_norm`` (L2) and adds ``N(0, (noise_multiplier * clip_norm)^2)``
+  to every coordinate before it leaves; on Flower, on the SuperNode: the server never holds a raw update). Each
+  round a client takes part in is one Gaussian mechanism; a client's epsilon composes the rounds it took part in (no
+  amplification: the server sees each upload). ``zero_out`` (the default) compares a client's upload with the
+  upload of the same client holding no data (a zero update, noised alike): sensitivity ``clip_norm``.
+  ``replace_one`` compares any two uploads: sensitivity ``2 * clip_norm``, so the same noise spends more (the
+  accountant is given half the multiplier) and a target epsilon calibrates twice the noise.
+* ``central`` (``add_remove``, a trusted server): the server clips each client's update, sums them, adds the noise
+  once to the sum and divides by the expected cohort size (DP-FedAvg, McMahan et al., ICLR 2018, "Learning
+  differentially private recurrent language models"). Clients are sampled Poisson (each with probability q =
+  clients_per_round / training clients, independently, every round) so that the accounting's subsampling
+  amplification is the sampling the engine does; epsilon composes every round the server released a noised sum,
+  an empty cohort's included (its release is the noise alone). With ``adaptive_quantile`` the clip follows a
+  quantile of the update norms (Andrew et al., NeurIPS 2021, "Differentially private learning with adaptive
+  clipping"): each round the server also releases the noised count of clients whose update was within the clip
+  (each client's bit shifted to +-1/2, noise std ``quantile_noise``) and moves the clip geometrically towards the
+  quantile. Both releases are Gaussian queries of the same clients, so together they are one Gaussian mechanism of
+  noise multiplier ``(z_sum^-2 + (2 quantile_noise)^-2)^(-1/2)`` (their Theorem 1): the accounted
+  ``noise_multiplier`` is that total, and the sum's own noise ``z_sum`` is set to meet it.
+
+**Where the randomness comes from.** Noise and the Poisson sampling coins come from the operating system's
+cryptographically secure generator (:class:`SecureNoise`, ``os.urandom``: the anchor is Opacus's ``secure_mode``),
+never from the run's seed, and no output or message carries anything that determines them: a reader of
+``config.yaml``, ``summary.json`` or the Flower messages cannot regenerate them, and a resumed run or a re-sent round
+draws new noise. Each Gaussian value is the sum of four draws halved (variance unchanged), as Opacus does against
+floating-point attacks on the sampler. ``privacy.reproducible_noise: true`` draws them from (seed, round, purpose)
+streams instead (:class:`SeededNoise`), for simulation research only: the run's numbers repeat, and anyone who reads
+its seed removes the noise, so such a run protects nothing and says so in every output; Flower refuses it.
 
 The accounting is Google's ``dp-accounting`` library (``pld``: privacy loss distributions, tight; ``rdp``: Renyi
 DP, an upper bound): nothing here computes an epsilon itself. ``target_epsilon`` is turned into a noise multiplier
@@ -25,12 +38,16 @@ by the library's own calibration for the run's planned rounds (local: the worst 
 
 from __future__ import annotations
 
+import json
 import math
+import os
+from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
+from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from graphfed.config import ConfigError, PrivacyConfig
@@ -38,12 +55,97 @@ from graphfed.core import rng
 
 #: the calibration's tolerance on the noise multiplier (its epsilon then lies well within 1 % of the target)
 CALIBRATION_TOLERANCE = 1e-5
+#: what each neighbouring relation compares, in the words the summary and the docs use
+NEIGHBOURS = {
+    "zero_out": "zero-out: a client's upload against the same client holding no data (sensitivity clip_norm)",
+    "replace_one": "replace-one: any two uploads of a client (sensitivity 2 x clip_norm)",
+    "add_remove": "add/remove: the federation with and without one client, every round (sensitivity clip_norm)",
+}
+REPRODUCIBLE_WARNING = ("privacy.reproducible_noise: the noise and the sampling are drawn from the run's seed, which "
+                        "config.yaml and summary.json record: anyone who reads it removes the noise, so this run "
+                        "protects nobody (for simulation research only)")
+SECURE_NOTE = ("noise and Poisson coins from the operating system's secure generator (os.urandom): never written, "
+               "logged or sent, so no output of the run regenerates them")
+
+
+# ---- where the randomness comes from ---------------------------------------------------------------------------
+class NoiseSource(ABC):
+    """Gaussian noise and uniform coins for the mechanisms. ``round_index``, ``purpose`` and ``key`` name the draw
+    (a seeded source derives its stream from them; the secure one ignores them)."""
+
+    reproducible: ClassVar[bool]
+
+    @abstractmethod
+    def gaussian(self, shape: tuple[int, ...], std: float, device: torch.device | str, round_index: int,
+                 purpose: str, key: int | None = None) -> torch.Tensor:
+        """``N(0, std^2)`` per value, float32 on ``device``."""
+
+    @abstractmethod
+    def uniform(self, count: int, round_index: int, purpose: str) -> torch.Tensor:
+        """``count`` coins uniform on [0, 1), on the host."""
+
+    def gaussian_rows(self, rows: int, dim: int, std: float, device: torch.device | str, round_index: int,
+                      purpose: str, client_ids: torch.Tensor) -> torch.Tensor:
+        """``[rows, dim]`` noise, one row per client of ``client_ids`` (a seeded source: one stream per client)."""
+        return self.gaussian((rows, dim), std, device, round_index, purpose)
+
+
+class SecureNoise(NoiseSource):
+    """The operating system's CSPRNG (``os.urandom``): 53-bit uniforms, Box-Muller in float64; each Gaussian value
+    the sum of four draws halved, as Opacus's ``secure_mode`` does against floating-point attacks on the sampler."""
+
+    reproducible = False
+
+    @staticmethod
+    def _uniforms(count: int) -> np.ndarray:
+        """``count`` float64 values in (0, 1), 53 random bits each."""
+        bits = np.frombuffer(os.urandom(8 * count), dtype=np.uint64) >> np.uint64(11)
+        return (bits.astype(np.float64) + 0.5) * 2.0 ** -53
+
+    def _normals(self, count: int) -> np.ndarray:
+        pairs = (count + 1) // 2
+        radius = np.sqrt(-2.0 * np.log(self._uniforms(pairs)))
+        angle = 2.0 * np.pi * self._uniforms(pairs)
+        return np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:count]
+
+    def gaussian(self, shape: tuple[int, ...], std: float, device: torch.device | str, round_index: int,
+                 purpose: str, key: int | None = None) -> torch.Tensor:
+        count = math.prod(shape)
+        draws = sum(self._normals(count) for _ in range(4)) / 2.0
+        return torch.from_numpy(draws * std).reshape(shape).to(device=device, dtype=torch.float32)
+
+    def uniform(self, count: int, round_index: int, purpose: str) -> torch.Tensor:
+        return torch.from_numpy(self._uniforms(count))
+
+
+@dataclass(frozen=True)
+class SeededNoise(NoiseSource):
+    """``privacy.reproducible_noise``: every draw from a (seed, round, purpose[, key]) stream, drawn on the host (the
+    same numbers on every device). Reproducible, hence protects nothing against anyone who knows the seed."""
+
+    seed: int
+    reproducible: ClassVar[bool] = True
+
+    def gaussian(self, shape: tuple[int, ...], std: float, device: torch.device | str, round_index: int,
+                 purpose: str, key: int | None = None) -> torch.Tensor:
+        generator = torch.Generator(device="cpu").manual_seed(rng.stream_seed(self.seed, round_index, purpose, key))
+        return (torch.randn(shape, generator=generator, device="cpu") * std).to(device)
+
+    def uniform(self, count: int, round_index: int, purpose: str) -> torch.Tensor:
+        return torch.rand(count, generator=rng.generator(self.seed, round_index, purpose), device="cpu").double()
+
+    def gaussian_rows(self, rows: int, dim: int, std: float, device: torch.device | str, round_index: int,
+                      purpose: str, client_ids: torch.Tensor) -> torch.Tensor:
+        # one stream per client, so a client adds the same noise whether it trains alone or in a batch
+        return torch.stack([self.gaussian((dim,), std, device, round_index, purpose, int(client))
+                            for client in client_ids]) if rows else torch.zeros(0, dim, device=device)
 
 
 @dataclass(frozen=True)
 class PrivacyPlan:
     """A run's mechanism, resolved from its config: the noise multiplier (calibrated when a target epsilon was
-    given), delta (default 0.1 / training clients), and for ``central`` the Poisson sampling rate."""
+    given), delta (default 0.1 / training clients), the neighbouring relation, where the noise comes from, and for
+    ``central`` the Poisson sampling rate."""
 
     mechanism: str
     clip_norm: float
@@ -56,6 +158,20 @@ class PrivacyPlan:
     adaptive_quantile: float | None = None
     clip_learning_rate: float = 0.2
     quantile_noise: float | None = None
+    neighbours: str = "zero_out"
+    reproducible: bool = False  #: noise and coins from the seed (``privacy.reproducible_noise``): protects nothing
+    model_selection: str = "last"
+    training_clients: int | None = None  #: what the default delta is stated against
+
+    @property
+    def sensitivity(self) -> float:
+        """How many clip norms one client's change moves a release by (2 for replace-one neighbours)."""
+        return 2.0 if self.neighbours == "replace_one" else 1.0
+
+    @property
+    def accounted_multiplier(self) -> float:
+        """The noise multiplier the accountant is given: the noise's std over the sensitivity."""
+        return self.noise_multiplier / self.sensitivity
 
     @property
     def sum_noise_multiplier(self) -> float:
@@ -73,19 +189,41 @@ class PrivacyPlan:
     def active(self) -> bool:
         return self.mechanism != "none"
 
+    def noise_source(self, seed: int) -> NoiseSource:
+        """Where this run's noise and coins come from: the secure generator unless reproducible noise was asked."""
+        return SeededNoise(seed) if self.reproducible else SecureNoise()
+
     def epsilon_of_rounds(self, rounds: int) -> float:
         """The (client-level) epsilon at ``self.delta`` after ``rounds`` mechanisms: ``rounds`` a client took part
-        in (local), or rounds run (central)."""
-        return epsilon(self.accountant, self.noise_multiplier, rounds, self.sampling_rate, self.delta)
+        in (local), or rounds released (central)."""
+        return epsilon(self.accountant, self.accounted_multiplier, rounds, self.sampling_rate, self.delta)
 
     def record(self) -> dict[str, Any]:
+        delta_note = (f"0.1 / {self.training_clients} training clients (the default: below 1 / clients)"
+                      if self.training_clients else "given")
         return {"mechanism": self.mechanism, "clip_norm": self.clip_norm, "noise_multiplier": self.noise_multiplier,
-                "delta": self.delta, "accountant": self.accountant,
+                "delta": self.delta, "delta_source": delta_note, "accountant": self.accountant,
+                "neighbours": self.neighbours, "neighbours_meaning": NEIGHBOURS[self.neighbours],
+                "noise": REPRODUCIBLE_WARNING if self.reproducible else SECURE_NOTE,
+                "reproducible_noise": self.reproducible,
+                "model_selection": self.model_selection,
+                "outside_the_guarantee": self.outside_the_guarantee(),
                 "sampling": (f"poisson, q = {self.sampling_rate:.6g} per client and round" if self.sampling_rate
                              else "none: every upload is noised where it is made"),
                 **({"adaptive_quantile": self.adaptive_quantile, "clip_learning_rate": self.clip_learning_rate,
                     "quantile_noise": self.quantile_noise, "sum_noise_multiplier": self.sum_noise_multiplier}
                    if self.adaptive_quantile is not None else {})}
+
+    def outside_the_guarantee(self) -> list[str]:
+        """What the run outputs that its epsilon does not cover, in words."""
+        outside = ["the evaluation scores (each client's val/test metrics in rounds.jsonl, summary.json and the "
+                   "tables): measurements for the researcher, computed on the clients' own rows"]
+        if self.model_selection == "validation":
+            outside.append("which round's models are reported and saved, and any early stop: chosen by the clients' "
+                           "validation scores (privacy.model_selection=validation)")
+        if self.reproducible:
+            outside.append("everything: the noise is reproducible from the seed (privacy.reproducible_noise)")
+        return outside
 
 
 def plan_privacy(config: PrivacyConfig, num_train_clients: int, clients_per_round: int, rounds: int) -> PrivacyPlan:
@@ -93,10 +231,12 @@ def plan_privacy(config: PrivacyConfig, num_train_clients: int, clients_per_roun
     on every node: calibration is deterministic)."""
     delta = config.delta if config.delta is not None else 0.1 / num_train_clients
     rate = min(1.0, clients_per_round / num_train_clients) if config.mechanism == "central" else None
+    neighbours = config.neighbours or ("add_remove" if config.mechanism == "central" else "zero_out")
+    sensitivity = 2.0 if neighbours == "replace_one" else 1.0
     noise = config.noise_multiplier
     if config.mechanism != "none" and noise is None:
         assert config.target_epsilon is not None  # the config's validator asks for one of the two
-        noise = calibrate_noise(config.accountant, config.target_epsilon, rounds, rate, delta)
+        noise = sensitivity * calibrate_noise(config.accountant, config.target_epsilon, rounds, rate, delta)
     adaptive = config.adaptive_quantile
     quantile_noise = None
     if adaptive is not None:
@@ -105,7 +245,9 @@ def plan_privacy(config: PrivacyConfig, num_train_clients: int, clients_per_roun
         quantile_noise = config.quantile_noise or max(min(clients_per_round, num_train_clients) / 20,
                                                       math.sqrt(10) * float(noise or 0.0) / 2)
     plan = PrivacyPlan(config.mechanism, config.clip_norm, float(noise or 0.0), delta, config.accountant, rounds,
-                       rate, adaptive, config.clip_learning_rate, quantile_noise)
+                       rate, adaptive, config.clip_learning_rate, quantile_noise, neighbours,
+                       config.reproducible_noise, config.model_selection,
+                       num_train_clients if config.delta is None else None)
     plan.sum_noise_multiplier  # noqa: B018 - a count noise that leaves the sum no budget is an error now
     return plan
 
@@ -119,36 +261,35 @@ def clip_rows(delta: torch.Tensor, clip_norm: float) -> torch.Tensor:
     return delta * torch.clamp(clip_norm / norms.clamp_min(torch.finfo(delta.dtype).tiny), max=1.0)
 
 
-def gaussian_noise(shape: tuple[int, ...], std: float, seed: int, device: torch.device | str) -> torch.Tensor:
-    """``N(0, std^2)`` per value from a seeded stream, drawn on the host (the same numbers on every device)."""
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    return (torch.randn(shape, generator=generator, device="cpu") * std).to(device)
+def poisson_sample(train_ids: torch.Tensor, plan: PrivacyPlan, noise: NoiseSource, round_index: int) -> torch.Tensor:
+    """``central``: each training client joins the round alone with probability q (the sampling the accounting's
+    amplification assumes); the coins come from ``noise``'s source, so the cohort is as secret as the noise."""
+    assert plan.sampling_rate is not None
+    coins = noise.uniform(len(train_ids), round_index, "sampling")
+    return train_ids[coins < plan.sampling_rate]
 
 
-def privatize_uploads(delta: torch.Tensor, plan: PrivacyPlan, seed: int, round_index: int,
-                      client_ids: torch.Tensor) -> torch.Tensor:
-    """``local``: each client's update clipped and noised, with one noise stream per (run, round, client), so a
-    client adds the same noise wherever it trains."""
+def privatize_uploads(delta: torch.Tensor, plan: PrivacyPlan, noise: NoiseSource, round_index: int,
+                      client_ids: torch.Tensor, purpose: str = "privacy") -> torch.Tensor:
+    """``local``: each client's update clipped and noised where it is made."""
     clipped = clip_rows(delta, plan.clip_norm)
     if plan.noise_multiplier == 0:
         return clipped
     std = plan.noise_multiplier * plan.clip_norm
-    seeds = rng.client_seeds(seed, round_index, "privacy", client_ids)
-    noise = torch.stack([gaussian_noise((delta.shape[1],), std, s, delta.device) for s in seeds])
-    return clipped + noise.to(delta.dtype)
+    rows = noise.gaussian_rows(len(delta), delta.shape[1], std, delta.device, round_index, purpose, client_ids)
+    return clipped + rows.to(delta.dtype)
 
 
-def noised_mean(delta: torch.Tensor, plan: PrivacyPlan, expected_clients: float, seed: int,
+def noised_mean(delta: torch.Tensor, plan: PrivacyPlan, expected_clients: float, noise: NoiseSource,
                 round_index: int, clip_norm: float | None = None) -> torch.Tensor:
     """``central``: ``(sum of the clipped updates + N(0, (z_sum * clip)^2 I)) / expected_clients`` (``[dim]``;
-    ``clip_norm``: this round's adaptive clip, default the plan's). Dividing by the expected cohort, not the actual
-    one, keeps the cohort's size private too."""
+    ``clip_norm``: this round's adaptive clip, default the plan's). No rows (an empty Poisson cohort) releases the
+    noise alone. Dividing by the expected cohort, not the actual one, keeps the cohort's size private too."""
     clip = plan.clip_norm if clip_norm is None else clip_norm
     total = clip_rows(delta, clip).sum(0)
     if plan.noise_multiplier > 0:
         std = plan.sum_noise_multiplier * clip
-        total = total + gaussian_noise((delta.shape[1],), std, rng.stream_seed(seed, round_index, "privacy"),
-                                       delta.device).to(delta.dtype)
+        total = total + noise.gaussian((delta.shape[1],), std, delta.device, round_index, "privacy").to(delta.dtype)
     return total / expected_clients
 
 
@@ -162,11 +303,11 @@ class ServerGradientPrivacy:
     one Gaussian of multiplier ``z``, the one accounted); the sum is divided by the expected cohort. Every server
     parameter is updated only so, hence every model the server computes (each client's, any novel client's start)
     is differentially private with respect to any one client's participation, towards everyone but the trusted
-    server, which still reads the raw updates."""
+    server, which still reads the raw updates. A round with no client still steps on the noise alone."""
 
     plan: PrivacyPlan
     expected_clients: float
-    seed: int
+    noise: NoiseSource
     steps_per_round: int = 1
     round_index: int = 0
     steps_taken: int = 0
@@ -186,18 +327,19 @@ class ServerGradientPrivacy:
         if sent.shape != direction.shape:
             raise ValueError(f"direction shape {tuple(direction.shape)} does not match sent {tuple(sent.shape)}")
         params = [param for group in optimizer.param_groups for param in group["params"] if param.requires_grad]
+        size = sum(param.numel() for param in params)
         count = len(sent)
-        rows = []
+        total = torch.zeros(size, device=params[0].device, dtype=params[0].dtype)
         for client in range(count):  # one backward per client: its contribution alone is clipped
             grads = torch.autograd.grad(sent[client], params, direction[client].detach() * count,
                                         retain_graph=True, allow_unused=True)
-            rows.append(torch.cat([(torch.zeros_like(param) if grad is None else grad).flatten()
-                                   for grad, param in zip(grads, params, strict=True)]))
-        total = clip_rows(torch.stack(rows), self.plan.clip_norm).sum(0)
+            row = torch.cat([(torch.zeros_like(param) if grad is None else grad).flatten()
+                             for grad, param in zip(grads, params, strict=True)])
+            total = total + clip_rows(row.unsqueeze(0), self.plan.clip_norm)[0]
         if self.plan.noise_multiplier > 0:
-            # one stream per (round, server step): the extra key slot numbers the step
-            seed = rng.stream_seed(self.seed, self.round_index, "server_gradient", self.steps_taken)
-            total = total + gaussian_noise((total.numel(),), self.noise_std(), seed, total.device).to(total.dtype)
+            # one draw per (round, server step): the key numbers the step
+            total = total + self.noise.gaussian((size,), self.noise_std(), total.device, self.round_index,
+                                                "server_gradient", self.steps_taken).to(total.dtype)
         gradient = total / self.expected_clients
         optimizer.zero_grad(set_to_none=True)
         if extra_loss is not None:
@@ -208,16 +350,61 @@ class ServerGradientPrivacy:
         self.steps_taken += 1
 
 
-def next_clip(delta: torch.Tensor, clip_norm: float, plan: PrivacyPlan, expected_clients: float, seed: int,
+def next_clip(delta: torch.Tensor, clip_norm: float, plan: PrivacyPlan, expected_clients: float, noise: NoiseSource,
               round_index: int) -> float:
     """Adaptive clipping: the noised share of this round's clients whose update was within ``clip_norm`` moves the
     clip geometrically towards the target quantile (each client's bit is shifted to +-1/2: sensitivity 1/2)."""
     assert plan.adaptive_quantile is not None and plan.quantile_noise is not None
     within = (torch.linalg.vector_norm(delta, dim=1) <= clip_norm).to(torch.float64) - 0.5
-    noise = gaussian_noise((1,), plan.quantile_noise, rng.stream_seed(seed, round_index, "clip_quantile"),
-                           "cpu").double() if plan.noise_multiplier > 0 else torch.zeros(1, device="cpu")
-    share = float((within.sum().cpu() + noise[0]) / expected_clients) + 0.5
+    count_noise = (float(noise.gaussian((1,), plan.quantile_noise, "cpu", round_index, "clip_quantile")[0])
+                   if plan.noise_multiplier > 0 else 0.0)
+    share = float(within.sum().cpu() + count_noise) / expected_clients + 0.5
     return clip_norm * math.exp(-plan.clip_learning_rate * (share - plan.adaptive_quantile))
+
+
+# ---- what was spent ----------------------------------------------------------------------------------------------
+LEDGER = "privacy.json"
+
+
+@dataclass
+class PrivacyLedger:
+    """Every release a run made: central, the rounds whose noised sum reached the server's model (an empty cohort's
+    noise included); local, how many noised uploads each client made (training and novel-client adaptation). It
+    is written beside the checkpoint after every round, so a run interrupted between checkpoints still counts the
+    rounds it released and then ran again."""
+
+    central_releases: int = 0
+    uploads: dict[int, int] = field(default_factory=dict)
+
+    def count_uploads(self, client_ids: torch.Tensor) -> None:
+        for client in client_ids.tolist():
+            self.uploads[int(client)] = self.uploads.get(int(client), 0) + 1
+
+    def state(self) -> dict[str, Any]:
+        return {"central_releases": self.central_releases,
+                "uploads": {str(client): count for client, count in sorted(self.uploads.items())}}
+
+    @classmethod
+    def from_state(cls, state: Any) -> PrivacyLedger:
+        """A ledger from :meth:`state` (a checkpoint's or the run folder's file); ValueError when malformed."""
+        if not isinstance(state, dict) or not isinstance(state.get("central_releases"), int) \
+                or not isinstance(state.get("uploads"), dict):
+            raise ValueError("a privacy ledger holds central_releases (an integer) and uploads (client -> count)")
+        uploads = {}
+        for client, count in state["uploads"].items():
+            if not str(client).isdigit() or not isinstance(count, int) or count < 0:
+                raise ValueError(f"privacy ledger: upload count {count!r} of client {client!r}")
+            uploads[int(client)] = count
+        return cls(max(0, state["central_releases"]), uploads)
+
+    def merged(self, other: PrivacyLedger) -> PrivacyLedger:
+        """The larger count of each kind: what either record saw was released."""
+        clients = set(self.uploads) | set(other.uploads)
+        return PrivacyLedger(max(self.central_releases, other.central_releases),
+                             {c: max(self.uploads.get(c, 0), other.uploads.get(c, 0)) for c in clients})
+
+    def to_json(self) -> str:
+        return json.dumps(self.state(), indent=1) + "\n"
 
 
 # ---- accounting (dp-accounting) --------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from graphfed.config import RunConfig, dump_config
+from graphfed.config import ConfigError, RunConfig, dump_config
 from graphfed.flower import protocol
 
 # Components are plain module attributes of the installed graphfed (flwr resolves them by reading the source).
@@ -39,7 +39,11 @@ def app_pyproject(config: RunConfig, out_dir: Path, name: str = "graphfed-run") 
 
 def write_app_folder(config: RunConfig, app_dir: Path, results_dir: Path | None = None) -> Path:
     """``app_dir/pyproject.toml``; the ServerApp writes its run directory to ``results_dir``
-    (default ``app_dir/results``; absolute, because the ServerApp runs in the SuperLink's directory)."""
+    (default ``app_dir/results``; absolute, because the ServerApp runs in the SuperLink's directory). A config no
+    deployment may run is refused before anything is written."""
+    refusal = protocol.deployment_refusal(config)
+    if refusal:
+        raise ConfigError(refusal)
     app_dir.mkdir(parents=True, exist_ok=True)
     results = (results_dir or app_dir / "results").resolve()
     path = app_dir / "pyproject.toml"

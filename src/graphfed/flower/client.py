@@ -43,6 +43,9 @@ def _client_side(config_yaml: str, node_device: str | None = None) -> ClientSide
     node's device are the cache key). ``node_device``: the SuperNode's node config ``device``, which wins over the
     run config's ``train.device`` (each machine of a deployment names its own accelerator)."""
     config = validate_config(read_yaml(config_yaml))
+    refusal = protocol.deployment_refusal(config)
+    if refusal:  # a node never draws its noise from a seed the server sent it
+        raise ConfigError(refusal)
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     device = resolve_device(node_device) if node_device is not None else None

@@ -19,6 +19,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from graphfed.client.evaluation import SCORE_FIELDS, ClientScores
+from graphfed.config import RunConfig
 from graphfed.errors import UntrustedInputError
 
 RUN_CONFIG_KEY = "graphfed-config"  # the resolved graphfed YAML, in the Flower run config
@@ -29,6 +30,16 @@ DEVICE_KEY = "device"
 STATE_DIR_KEY = "state-dir"  # node config: where a node keeps its clients' state between rounds and restarts
 RUN_TOKEN_KEY = "run-token"  # in every message: the run whose client state the node reads and writes
 RESUMES_KEY = "resumes"  # in every message: where each resume of the run started again ("4,6"; "" never resumed)
+
+
+def deployment_refusal(config: RunConfig) -> str | None:
+    """Why no Flower engine (graphfed's app, the SecAgg+ app, a node) runs ``config`` whatever its method (one
+    line), or None."""
+    if config.privacy.mechanism != "none" and config.privacy.reproducible_noise:
+        return ("privacy.reproducible_noise: a deployment's noise must be secret, and this draws it from the run's "
+                "seed, which every node is sent; remove it (each node then draws its noise from its own secure "
+                "generator)")
+    return None
 
 
 def weights_record(weights: torch.Tensor) -> ArrayRecord:

@@ -74,6 +74,8 @@ def secure_aggregation_refusal(config: RunConfig, setup: Setup) -> str | None:
     """Why ``flower.secure_aggregation`` cannot run this config (one line), or None."""
     method = type(setup.method)
     prefix = f"flower.secure_aggregation: {method.name}"
+    if protocol.deployment_refusal(config):
+        return protocol.deployment_refusal(config)
     if method.private_server_gradient:
         return f"{prefix}: its server learns from each client's own update (a hypernetwork), not from their mean"
     if method.central_privacy_refusal is not None:

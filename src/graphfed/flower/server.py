@@ -36,7 +36,7 @@ from flwr.serverapp import Grid
 from graphfed.client.contract import LocalTraining
 from graphfed.client.evaluation import ClientScores
 from graphfed.client.executor import ClientExecutor, TrainResult
-from graphfed.config import RunConfig
+from graphfed.config import ConfigError, RunConfig
 from graphfed.errors import RunStoppedError
 from graphfed.flower import protocol
 from graphfed.setup import Setup
@@ -46,6 +46,9 @@ log = logging.getLogger("graphfed.flower")
 
 class FlowerExecutor(ClientExecutor):
     def __init__(self, grid: Grid, config: RunConfig, setup: Setup) -> None:
+        refusal = protocol.deployment_refusal(config)
+        if refusal:
+            raise ConfigError(refusal)
         self.grid = grid
         self.config = config
         self.dim = setup.spec.dim

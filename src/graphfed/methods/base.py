@@ -142,6 +142,22 @@ class Method(ABC):
                metrics: dict[str, torch.Tensor]) -> None:
         """Learn from ``delta = sent - trained`` (``[S, dim]``) and per-client ``metrics`` (``[S]`` each)."""
 
+    def central_update(self, mean_delta: torch.Tensor, expected_clients: float) -> None:
+        """``privacy.mechanism: central``: learn from the round's one release, the noised mean of the clipped updates.
+
+        Args:
+            mean_delta: ``[dim]``, ``(sum of clipped deltas + noise) / expected_clients``; a round whose Poisson
+                cohort was empty releases the noise alone, and it arrives here as any other.
+            expected_clients: the cohort's expected size (public), for a server that needs a count: the actual
+                cohort is as private as the updates.
+        """
+        raise TypeError(f"method '{self.name}' has no server step on a released mean")
+
+    def reads_client_graph(self) -> bool:
+        """Whether the server reads ``context.client_graph`` (a graph built from the clients' data, e.g.
+        ``dataset.graph=knn``, is then private input outside any DP mechanism)."""
+        return False
+
     def broadcast(self, client_ids: torch.Tensor) -> dict[str, torch.Tensor]:
         """Arrays each selected client receives besides its weights (``[S, ...]`` each; FedPAC's global class
         centroids, FedCP's policy network). Their client rule reads them; bytes down count them."""

@@ -81,6 +81,10 @@ class FedAvg(Method):
         # delta = sent - trained, so subtracting the mean delta moves towards the clients' models.
         self.apply_update(self.aggregate(delta, metrics["num_examples"]))
 
+    def central_update(self, mean_delta: torch.Tensor, expected_clients: float) -> None:
+        # the released mean is the whole round: one row, aggregated as the method aggregates any update
+        self.apply_update(self.aggregate(mean_delta.unsqueeze(0), torch.ones(1, device=mean_delta.device)))
+
     def apply_update(self, update: torch.Tensor) -> None:
         """Move the global model by the aggregated ``update`` (``[dim]``, a pseudo-gradient): FedAvg's step, or the
         server optimiser's (FedOpt)."""

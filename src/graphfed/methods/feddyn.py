@@ -72,3 +72,9 @@ class FedDyn(FedAvg):
         # delta = theta^{t-1} - theta_i, so theta_i - theta^{t-1} = -delta
         self.h = self.h + alpha * delta.sum(0) / len(self.context.train_client_ids)
         self.global_weights = self.global_weights - delta.mean(0) - self.h / alpha
+
+    def central_update(self, mean_delta: torch.Tensor, expected_clients: float) -> None:
+        # the cohort's sum is the release times the expected cohort (the actual size is private)
+        alpha = self.options.alpha
+        self.h = self.h + alpha * mean_delta * expected_clients / len(self.context.train_client_ids)
+        self.global_weights = self.global_weights - mean_delta - self.h / alpha

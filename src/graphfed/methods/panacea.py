@@ -91,6 +91,9 @@ class Panacea(EmbeddingHypernetwork):
                     "release unprotected; give the dataset's graph, or set method.options.gnn=none and lambda_d=0")
         return None
 
+    def reads_client_graph(self) -> bool:
+        return self.uses_graph and not self.infer_graph
+
     def server_steps_per_round(self) -> int:
         return self.options.server_steps
 

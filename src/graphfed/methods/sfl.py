@@ -54,6 +54,9 @@ class SFL(PersonalizedAggregation):
     def client_rule(cls, options: SFLOptions, setting: ClientSetting) -> ClientRule:
         return ClientRule(setting, prox_mu=options.prox_mu)
 
+    def reads_client_graph(self) -> bool:
+        return not self.infer_graph
+
     def graph(self) -> torch.Tensor:
         """``A [N, N]`` among clients that have trained (zero elsewhere), without self loops."""
         trained = self.has_trained

@@ -137,6 +137,22 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def privacy_sentence(record: dict[str, Any]) -> str:
+    """A private run's guarantee in one sentence (``summary.json``'s ``privacy``): what it spent, against whom,
+    and where its noise came from."""
+    delta = f"δ = {record['delta']:.2g}"
+    if record["mechanism"] == "central":
+        spent = (f"central DP: ε = {record['epsilon']:.3g} at {delta} over {record['rounds_released']} released "
+                 f"round(s)")
+    else:
+        spent = (f"local DP: ε ≤ {record['epsilon_max']:.3g} per client (median {record['epsilon_median']:.3g}) at "
+                 f"{delta}, each client's composing its own noised uploads")
+    neighbours = str(record.get("neighbours", "")).replace("_", "-")
+    if record.get("reproducible_noise"):
+        return f"{spent}, {neighbours} neighbours; NOISE REPRODUCIBLE FROM THE SEED: this run protects nobody"
+    return f"{spent}, {neighbours} neighbours; noise from a secure generator (nothing the run writes regenerates it)"
+
+
 def per_client_rows(result: RunResult) -> list[dict[str, Any]]:
     """One row per client at the selected round: its scores, its trivial predictor's and the gain over it (positive:
     the model beats predicting the client's majority class / mean target), best gain first."""

@@ -10,6 +10,7 @@ draw comes from a (seed, round, purpose) stream and the method's state is saved 
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import math
 import resource
@@ -35,7 +36,15 @@ from graphfed.client.metrics import (
     client_metrics,
 )
 from graphfed.client.placement import deterministic_algorithms
-from graphfed.client.privacy import ServerGradientPrivacy, next_clip, noised_mean
+from graphfed.client.privacy import (
+    LEDGER,
+    REPRODUCIBLE_WARNING,
+    PrivacyLedger,
+    ServerGradientPrivacy,
+    next_clip,
+    noised_mean,
+    poisson_sample,
+)
 from graphfed.config import ConfigError, RunConfig, dump_config, read_yaml, same_run, validate_config
 from graphfed.core import rng
 from graphfed.data.federation import Federation
@@ -77,20 +86,15 @@ class Tracker:
     lost_uploads: int = 0  #: client updates lost to ``train.dropout`` (and late ones a method cannot use)
     late_uploads: int = 0  #: straggler updates that reached the method rounds late (``train.stragglers``)
     clip_norm: float | None = None  #: adaptive clipping (central DP): the clip the next round uses
-    #: how many rounds each client trained and uploaded in (its local-DP epsilon composes that many mechanisms)
-    uploads_per_client: list[int] = field(default_factory=list)
-
-    def count_uploads(self, client_ids: torch.Tensor, num_clients: int) -> None:
-        if not self.uploads_per_client:
-            self.uploads_per_client = [0] * num_clients
-        for client in client_ids.tolist():
-            self.uploads_per_client[client] += 1
+    #: a private run's ``privacy.model_selection: last``: the newest evaluation is the run's result, whatever the
+    #: clients' validation scores say (choosing by them would read private data outside the mechanism)
+    select_last: bool = False
 
     def offer(self, record: dict[str, Any], min_delta: float = 0.0) -> None:
-        """Keep ``record`` if its validation score is the best so far; count evaluations without an improvement
-        beyond ``min_delta``."""
+        """Keep ``record`` if its validation score is the best so far (every record, with ``select_last``); count
+        evaluations without an improvement beyond ``min_delta``."""
         value = record[self.key]
-        if not self.best:
+        if not self.best or self.select_last:
             self.best = record
             return
         gain = value - self.best[self.key] if self.higher_is_better else self.best[self.key] - value
@@ -156,8 +160,10 @@ class Simulator:
         if select_by not in (fed.metric, *self.metrics):
             raise ConfigError(f"select_by: {select_by!r} (the folder's meta.yaml) is not scored; use {fed.metric} or "
                               f"one of its metrics: {', '.join(self.metrics) or 'none given'}")
+        self.privacy = self.setup.clients.privacy
         self.tracker = Tracker(higher_is_better=HIGHER_IS_BETTER[select_by],
-                               key="val_mean" if select_by == fed.metric else f"val_{select_by}_mean")
+                               key="val_mean" if select_by == fed.metric else f"val_{select_by}_mean",
+                               select_last=self.privacy.active and self.privacy.model_selection == "last")
         self.num_train_clients = len(fed.train_client_ids)
         if self.num_train_clients == 0:
             raise ConfigError("dataset.novel_fraction: every client is novel, none would train; lower it")
@@ -165,11 +171,14 @@ class Simulator:
         if self.clients_per_round < config.train.clients_per_round:
             log.warning("train.clients_per_round is %d but only %d clients train; each round samples all %d",
                         config.train.clients_per_round, self.num_train_clients, self.clients_per_round)
-        self.privacy = self.setup.clients.privacy
         self._check_privacy()
+        #: the mechanisms' randomness: the secure generator, or the seed's streams under reproducible_noise
+        self.noise = self.privacy.noise_source(config.seed)
+        #: every release the run made (the epsilon it reports composes these)
+        self.ledger = PrivacyLedger()
         if self.privacy.mechanism == "central" and type(self.setup.method).private_server_gradient:
             self.setup.method.server_privacy = ServerGradientPrivacy(
-                self.privacy, self.clients_per_round, self.config.seed, self.setup.method.server_steps_per_round())
+                self.privacy, self.clients_per_round, self.noise, self.setup.method.server_steps_per_round())
         self.late_ids = self._draw_late_clients()
         self.straggler_ids = self._draw_stragglers()
         #: straggler uploads on their way: (round index they arrive in, the weights the clients were sent, result)
@@ -199,6 +208,10 @@ class Simulator:
         if mechanism == "none":
             return
         prefix = f"privacy.mechanism={mechanism}: {method.name}"
+        if self.config.dataset.graph == "knn" and self.setup.method.reads_client_graph():
+            raise ConfigError(f"{prefix} reads the client graph, and dataset.graph=knn builds it from each client's "
+                              f"data (mean inputs, label shares) outside the mechanism; use the dataset's given "
+                              f"graph or dataset.graph=none")
         if mechanism == "local":
             for rule in self.setup.clients.rules:
                 uploads = [*rule.upload_shapes(), *(["feedback"] if rule.setting.training.feedback != "none" else [])]
@@ -217,9 +230,10 @@ class Simulator:
         if aggregation != "fedavg":
             raise ConfigError(f"{prefix}: aggregation {aggregation} needs the individual updates; central DP releases "
                               f"only their noised sum")
-        if self.config.train.late_clients or self.config.train.stragglers:
+        if self.config.train.late_clients or self.config.train.stragglers or self.config.train.dropout:
             raise ConfigError(f"{prefix}: the accounting assumes Poisson sampling of every training client each "
-                              f"round; train.late_clients and train.stragglers change who takes part")
+                              f"round; train.late_clients, train.stragglers and train.dropout change who takes part "
+                              f"(and their counts would reveal the private sample)")
 
     def _draw_stragglers(self) -> torch.Tensor:
         """``train.stragglers``: the training clients whose uploads arrive late, drawn once from the seed."""
@@ -233,10 +247,8 @@ class Simulator:
     def sample_clients(self, round_index: int) -> torch.Tensor:
         train_ids = self.setup.federation.train_client_ids
         if self.privacy.sampling_rate is not None:
-            # central DP: Poisson sampling, each client alone with probability q, the sampling the accounting covers
-            coins = torch.rand(len(train_ids), generator=rng.generator(self.config.seed, round_index, "sampling"),
-                               device="cpu")
-            return train_ids[coins < self.privacy.sampling_rate]
+            # central DP: Poisson sampling, the coins as secret as the noise (the sampling the accounting covers)
+            return poisson_sample(train_ids, self.privacy, self.noise, round_index)
         per_round = self.clients_per_round
         if round_index + 1 < self.config.train.join_round:  # late clients are not there yet
             train_ids = train_ids[~torch.isin(train_ids, self.late_ids)]
@@ -245,41 +257,52 @@ class Simulator:
                                device="cpu")
         return train_ids[order[:per_round]].sort().values
 
-    def run_round(self, round_index: int) -> dict[str, float]:
+    def run_round(self, round_index: int) -> dict[str, float | None]:
         method, spec = self.setup.method, self.setup.spec
+        central = self.privacy.mechanism == "central"
         client_ids = self.sample_clients(round_index)
         sent = method.personalize(client_ids).detach()
         broadcast = {name: value.detach() for name, value in method.broadcast(client_ids).items()}
         if not torch.isfinite(sent).all() or not all(torch.isfinite(v).all() for v in broadcast.values()):
             raise NonFiniteUpdateError(f"round {round_index + 1}: the server produced non-finite weights")
-        extra_down = sum(value.numel() for value in broadcast.values())
+        extra_down = sum(value[:1].numel() for value in broadcast.values())
         communicates = type(method).communicates
         if communicates:
-            self.tracker.bytes_down += (self.setup.wire_values(client_ids) + extra_down) * BYTES_PER_VALUE
-        result = self.executor.train(client_ids, sent, round_index, "local_training", broadcast=broadcast)
-        self.tracker.count_uploads(result.client_ids, self.setup.federation.num_clients)
+            self.tracker.bytes_down += (self._wire_values(client_ids) + self._cohort(client_ids) * extra_down
+                                        ) * BYTES_PER_VALUE
+        result = (self.executor.train(client_ids, sent, round_index, "local_training", broadcast=broadcast)
+                  if len(client_ids) else TrainResult.nothing(spec.dim, sent.device))
+        if self.privacy.mechanism == "local":
+            self.ledger.count_uploads(result.client_ids)
         if self.config.train.dropout > 0:
             result = self._lose_uploads(result, round_index)
         check_update(result.delta, result.client_ids, spec.dim, round_index, self.setup.federation.client_names)
         started = sent[result.rows]
         if len(self.straggler_ids):
             started, result = self._stragglers_arrive(started, result, round_index)
-        if len(result.client_ids) == 0:
+        if len(result.client_ids) == 0 and not central:
             log.warning("round %d: no client update arrived; the server model is unchanged", round_index + 1)
             return {"train_loss": float("nan"), "clients": 0}
         if method.server_privacy is not None:  # central DP inside the method's server step (DP-SGD)
             method.server_privacy.begin_round(round_index)
-        elif self.privacy.mechanism == "central":
-            result = self._central_release(result, round_index)
-        method.update(result.client_ids, started, result.delta, result.metrics)
+            method.update(result.client_ids, started, result.delta, result.metrics)
+        elif central:  # the method learns from the one release; an empty cohort releases the noise alone
+            method.central_update(self._central_release(result, round_index), self.clients_per_round)
+        else:
+            method.update(result.client_ids, started, result.delta, result.metrics)
+        if central:
+            self.ledger.central_releases += 1
+        self._record_ledger()
         rule = self.setup.client_rule
         extras = [*rule.upload_shapes(), *(["feedback"] if "feedback" in result.metrics else [])]
         extra_up = sum(result.metrics[name][0].numel() for name in extras)
         if self.setup.family is None:  # a rule may upload less than the model (FedRep: its body)
             extra_up += rule.upload_dim - spec.dim
         if communicates:
-            self.tracker.bytes_up += (self.setup.wire_values(result.client_ids)
-                                      + len(result.client_ids) * extra_up) * BYTES_PER_VALUE
+            self.tracker.bytes_up += (self._wire_values(result.client_ids)
+                                      + self._cohort(result.client_ids) * extra_up) * BYTES_PER_VALUE
+        if central:  # the cohort and its losses are private: neither is released
+            return {"train_loss": None, "clients": None}
         if self.privacy.mechanism == "local":  # clients do not send their losses under local DP
             return {"train_loss": None, "clients": len(result.client_ids)}
         loss = float(result.metrics["loss_last"].mean())
@@ -287,17 +310,31 @@ class Simulator:
             raise NonFiniteUpdateError(f"round {round_index + 1}: non-finite training loss")
         return {"train_loss": loss, "clients": len(result.client_ids)}
 
-    def _central_release(self, result: TrainResult, round_index: int) -> TrainResult:
-        """``central``: the method sees only the noised mean of the clipped updates (every row the same, weight
-        1), so its mean update is DP-FedAvg's release; no individual update reaches it."""
+    def _cohort(self, client_ids: torch.Tensor) -> int:
+        """How many clients a round's traffic is counted for: under central DP the expected cohort (the actual one
+        is as private as the noise), else the clients themselves."""
+        return self.clients_per_round if self.privacy.mechanism == "central" else len(client_ids)
+
+    def _wire_values(self, client_ids: torch.Tensor) -> int:
+        if self.privacy.mechanism == "central":
+            return self.clients_per_round * self.setup.spec.dim
+        return self.setup.wire_values(client_ids)
+
+    def _central_release(self, result: TrainResult, round_index: int) -> torch.Tensor:
+        """``central``: the noised mean of the clipped updates (``[dim]``), DP-FedAvg's release; no individual
+        update (and not the cohort's size) reaches the method."""
         clip = self.tracker.clip_norm if self.tracker.clip_norm is not None else self.privacy.clip_norm
-        released = noised_mean(result.delta, self.privacy, self.clients_per_round, self.config.seed, round_index, clip)
+        released = noised_mean(result.delta, self.privacy, self.clients_per_round, self.noise, round_index, clip)
         if self.privacy.adaptive_quantile is not None:  # the clip the next round uses (a released, noised count)
             self.tracker.clip_norm = next_clip(result.delta, clip, self.privacy, self.clients_per_round,
-                                               self.config.seed, round_index)
-        rows = len(result.client_ids)
-        metrics = {**result.metrics, "num_examples": torch.ones_like(result.metrics["num_examples"])}
-        return TrainResult(result.rows, result.client_ids, released.unsqueeze(0).expand(rows, -1).clone(), metrics)
+                                               self.noise, round_index)
+        return released
+
+    def _record_ledger(self) -> None:
+        """A private run's releases, in the run folder after every round (a run interrupted between checkpoints
+        still counts what it released)."""
+        if self.privacy.active and self.out_dir is not None:
+            runs.atomic_write_text(self.out_dir / LEDGER, self.ledger.to_json())
 
     def _lose_uploads(self, result: TrainResult, round_index: int) -> TrainResult:
         """``train.dropout``: each upload is lost with that probability (one seeded stream per round), the way a
@@ -439,12 +476,19 @@ class Simulator:
         rounds = self.config.train.novel_adapt_rounds
         if not len(novel_ids) or not rounds or not method.supports_novel_adaptation():
             return None, None
+        if self.privacy.mechanism == "central":
+            # the server adapts each novel client from that client's own raw update: no noised sum covers it
+            log.info("novel-client adaptation is not run under privacy.mechanism=central: it reads each novel "
+                     "client's raw update, outside the noised sum")
+            return None, None
         saved = copy.deepcopy(method.state_dict())
         try:
             method.begin_novel_adaptation(novel_ids)
             for step in range(rounds):
                 sent = method.personalize(novel_ids).detach()
                 result = self.executor.train(novel_ids, sent, step, "novel")
+                if self.privacy.mechanism == "local":  # noised where they are made, as training uploads are
+                    self.ledger.count_uploads(result.client_ids)
                 check_update(result.delta, result.client_ids, self.setup.spec.dim, step, fed.client_names)
                 if len(result.client_ids):
                     method.adapt_novel(result.client_ids, sent[result.rows], result.delta)
@@ -481,7 +525,7 @@ class Simulator:
     def _checkpoint_state(self, completed_rounds: int) -> dict[str, Any]:
         return {"completed_rounds": completed_rounds, "config": dump_config(self.config),
                 "method": self.setup.method.state_dict(), "clients": self.executor.state_dict(),
-                "tracker": vars(self.tracker).copy(),
+                "tracker": vars(self.tracker).copy(), "privacy_ledger": self.ledger.state(),
                 "torch_rng": torch.get_rng_state(),
                 **({"in_flight": [{"due": due, "sent": weights, "rows": held.rows, "client_ids": held.client_ids,
                                    "delta": held.delta, "metrics": held.metrics}
@@ -508,6 +552,7 @@ class Simulator:
                                   f"{state['completed_rounds']}; its clients' state is on its nodes, so only Flower "
                                   f"can continue it: start the same Flower App again (flwr run), its ServerApp "
                                   f"resumes from this checkpoint")
+        state["tracker"].pop("uploads_per_client", None)  # older checkpoints counted local-DP uploads there
         unknown = set(state["tracker"]) - set(vars(self.tracker))
         if unknown:
             raise CheckpointError(f"--resume: the checkpoint's tracker has unknown fields {sorted(unknown)}")
@@ -524,7 +569,33 @@ class Simulator:
                                      f"clients ({type(err).__name__}: {reason})") from None
         for key, value in state["tracker"].items():
             setattr(self.tracker, key, value)
+        self.tracker.select_last = self.privacy.active and self.privacy.model_selection == "last"
+        self.ledger = self._resumed_ledger(state.get("privacy_ledger"))
         return int(completed)
+
+    def _resumed_ledger(self, saved: Any) -> PrivacyLedger:
+        """The releases before a resume: the checkpoint's count, or the run folder's if it saw more (rounds run
+        after the checkpoint by the interrupted process were released too, and are run again now)."""
+        ledger = PrivacyLedger()
+        for source, state in (("checkpoint", saved), (LEDGER, self._ledger_file())):
+            if state is None:
+                continue
+            try:
+                ledger = ledger.merged(PrivacyLedger.from_state(state))
+            except ValueError as err:
+                raise CheckpointError(f"--resume: the {source}'s privacy ledger is unreadable ({err}); its "
+                                      f"releases cannot be accounted") from None
+        return ledger
+
+    def _ledger_file(self) -> Any:
+        path = None if self.out_dir is None else self.out_dir / LEDGER
+        if path is None or not path.exists() or not self.privacy.active:
+            return None
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise CheckpointError(f"--resume: {path} is unreadable ({type(err).__name__}); its releases cannot be "
+                                  f"accounted") from None
 
     def _on_flower(self) -> bool:
         return not isinstance(self.executor, ClientRuntime | ArchitectureRuntime)
@@ -564,6 +635,8 @@ class Simulator:
             runs.atomic_write_text(self.out_dir / runs.CONFIG, dump_config(cfg))
         for note in method.notes:
             log.info(note)
+        if self.privacy.active and self.privacy.reproducible:
+            log.warning(REPRODUCIBLE_WARNING)
         self._announce_novel_clients()
         if len(self.late_ids):
             log.info("late clients (sampled from round %d): %s", cfg.train.join_round,
@@ -713,21 +786,24 @@ class Simulator:
                 "models_note": self.models_note, "metrics": chosen or None,
                 "select_by": self.select_by}
 
-    def _privacy_record(self, rounds_run: int) -> dict[str, Any]:
-        """What the run spent, from the accounting library: central, epsilon over the rounds run; local, each
-        client's epsilon over the rounds it uploaded in."""
+    def _privacy_record(self) -> dict[str, Any]:
+        """What the run spent, from the accounting library over every release it made (its ledger, not the rounds
+        it evaluated): central, epsilon over the noised sums released; local, each client's epsilon over the
+        noised uploads it made (novel clients' adaptation included)."""
         record = self.privacy.record()
         if self.privacy.mechanism == "central":
-            record["epsilon"] = self.privacy.epsilon_of_rounds(rounds_run)
+            record["rounds_released"] = self.ledger.central_releases
+            record["epsilon"] = self.privacy.epsilon_of_rounds(self.ledger.central_releases)
             if self.tracker.clip_norm is not None:
                 record["final_clip_norm"] = self.tracker.clip_norm
             return record
         fed = self.setup.federation
-        uploads = self.tracker.uploads_per_client or [0] * fed.num_clients
-        per_client = {fed.client_names[int(i)]: self.privacy.epsilon_of_rounds(uploads[int(i)])
-                      for i in fed.train_client_ids}
+        uploaded = [i for i in range(fed.num_clients) if not fed.novel_mask[i] or self.ledger.uploads.get(i)]
+        per_client = {fed.client_names[i]: self.privacy.epsilon_of_rounds(self.ledger.uploads.get(i, 0))
+                      for i in uploaded}
         values = sorted(per_client.values())
-        record.update(epsilon_max=values[-1], epsilon_median=values[len(values) // 2], per_client_epsilon=per_client)
+        record.update(epsilon_max=values[-1], epsilon_median=values[len(values) // 2], per_client_epsilon=per_client,
+                      uploads_released=sum(self.ledger.uploads.values()))
         return record
 
     def _graph_record(self) -> dict[str, Any]:
@@ -780,7 +856,7 @@ class Simulator:
                 "straggler_delay": cfg.train.straggler_delay, "late_uploads": self.tracker.late_uploads}
                if len(self.straggler_ids) else {}),
             "scored_clients": best.get("scored_clients"), "training_clients": self.num_train_clients,
-            **({"privacy": self._privacy_record(last.get("round", 0))} if self.privacy.active else {}),
+            **({"privacy": self._privacy_record()} if self.privacy.active else {}),
             "wall_seconds": round(self.tracker.elapsed, 3),
             "bytes_up": self.tracker.bytes_up, "bytes_down": self.tracker.bytes_down,
             "peak_rss_mb": peak_rss_mb(), "torch_threads": cfg.torch_threads,
