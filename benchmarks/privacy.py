@@ -1,19 +1,21 @@
 """The privacy-utility report: what client-level DP costs each method, from the committed runs of the suite.
 
     .venv/bin/graphfed bench benchmarks/suites/privacy.yaml --out benchmarks/results/privacy --in-process
-    .venv/bin/python benchmarks/privacy_audit.py    # the canary audit -> results/privacy/audit.json (optional)
+    .venv/bin/python benchmarks/privacy_audit.py    # the audit -> results/privacy/audit.json (a few minutes)
     .venv/bin/python benchmarks/privacy.py          # -> results/privacy/report.md, plots/*.png
 
 It reads only ``summary.json`` files (and ``audit.json``), so the report regenerates exactly from them. A run's
-number is the mean test accuracy over its clients at the round of best mean validation accuracy; a cell is mean ±
-sample std over seeds. Each private cell is compared with the same method without DP, and with the clients' trivial
-predictors (majority class of their training rows), under the reproduction report's rule (Welch's t-test over
-seeds at 5 %).
+number is the mean test accuracy over its clients at the round it reports: a private run its last evaluation
+(``privacy.model_selection: last``: choosing by validation would read the clients' data outside the mechanism), the
+run without DP its best validation round; a cell is mean ± sample std over seeds. Each private cell is compared with
+the same method without DP, and with the clients' trivial predictors (majority class of their training rows), under
+the reproduction report's rule (Welch's t-test over seeds at 5 %).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -58,6 +60,8 @@ def scores(runs: list[RunResult], key: str = "test_mean") -> list[float]:
 
 
 def mean_std(values: list[float], runs: list[RunResult] | None = None) -> str:
+    if not values and runs:  # every run stopped before its first evaluation: nothing to score
+        return f"no score ({sum(diverged(run) for run in runs)} of {len(runs)} diverged before the first evaluation)"
     if not values:
         return "not run"
     notes = [] if len(values) == 3 else [f"scored in {len(values)} seed{'s' if len(values) > 1 else ''}"]
@@ -103,17 +107,32 @@ def verdict_table(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def audit_rows() -> list[dict[str, Any]]:
+    path = RESULTS / "audit.json"
+    return json.loads(path.read_text())["rows"] if path.exists() else []
+
+
+def audited_bound(mechanism: str, eps: int) -> str:
+    """The audit's epsilon lower bound for the secure mechanism at this target, against the blind attacker."""
+    for row in audit_rows():
+        if (row["mechanism"], row["attacker"], row["reproducible_noise"]) == (mechanism, "blind", False) \
+                and row["label"] == f"secure noise, ε {eps:g}":
+            return f"{row['epsilon_lower_bound']:.3g}"
+    return "not audited"
+
+
 def spent_table(data: dict[str, Any]) -> list[str]:
-    """What each cell calibrated and spent: the noise multiplier, and epsilon as the accountant reports it (central:
-    over the rounds run; local: the largest and median client's, over the rounds each uploaded in)."""
-    lines = ["| mechanism | target ε | noise multiplier | ε spent (central) / max, median over clients (local) |",
-             "|---|---|---|---|"]
+    """What each cell calibrated and spent: the noise multiplier, epsilon as the accountant reports it (central:
+    over the rounds released; local: the largest and median client's, over the noised uploads each made), and the
+    audit's lower bound for the same mechanism (``audit.json``)."""
+    lines = ["| mechanism | target ε | noise multiplier | ε spent (central) / max, median over clients (local) | "
+             "audit: ε lower bound (95 %) |", "|---|---|---|---|---|"]
     for mechanism in MECHANISMS:
         method = methods_of(data, mechanism)[0]
         for eps in EPSILONS:
             runs = runs_of(cell_key(mechanism, eps), method)
             if not runs:
-                lines.append(f"| {mechanism} | {eps} | not run | |")
+                lines.append(f"| {mechanism} | {eps} | not run | | {audited_bound(mechanism, eps)} |")
                 continue
             records = [run.privacy or {} for run in runs]
             noise = records[0].get("noise_multiplier")
@@ -122,7 +141,7 @@ def spent_table(data: dict[str, Any]) -> list[str]:
             else:
                 spent = (f"{statistics.fmean(r['epsilon_max'] for r in records):.3g}, "
                          f"{statistics.fmean(r['epsilon_median'] for r in records):.3g}")
-            lines.append(f"| {mechanism} | {eps} | {noise:.4g} | {spent} |")
+            lines.append(f"| {mechanism} | {eps} | {noise:.4g} | {spent} | {audited_bound(mechanism, eps)} |")
     return lines
 
 
@@ -146,20 +165,41 @@ def provenance_section(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def audit_verdict(row: dict[str, Any]) -> str:
+    """Whether the bound contradicts the claim (a broken mechanism) or stays below it."""
+    claimed = row["claimed_epsilon"]
+    if not math.isfinite(claimed):
+        return "no claim to test (no noise): what the audit can certify"
+    if row["epsilon_lower_bound"] > claimed:
+        return "**exceeds the claim**: the mechanism does not give its ε"
+    return "below the claim"
+
+
 def audit_section() -> list[str]:
     path = RESULTS / "audit.json"
     if not path.exists():
-        return ["The canary audit has not run (`benchmarks/privacy_audit.py`)."]
+        return ["The audit has not run (`benchmarks/privacy_audit.py`)."]
     audit = json.loads(path.read_text())
     code = (audit.get("code") or {}).get("code_id")
     provenance = (f"Measured by code {code}" + ("" if code == current_code_id() else " (**stale**: not this "
                   "report's code; re-run `benchmarks/privacy_audit.py`)") if code else
                   "**Stale**: measured before the audit recorded its code; re-run `benchmarks/privacy_audit.py`")
+    largest = max(row["claimed_epsilon"] for row in audit["rows"] if math.isfinite(row["claimed_epsilon"]))
+    broken = [row for row in audit["rows"] if row["reproducible_noise"] or row["noise_multiplier"] == 0]
+    power = min(row["epsilon_lower_bound"] for row in broken) if broken else float("nan")
     lines = [audit["description"], "", provenance + ".", "",
-             "| mechanism | ε | attack AUC | runs with / without the canary |", "|---|---|---|---|"]
+             "| mechanism | noise | attacker | rounds | claimed ε | ε lower bound | FPR (held out) | "
+             "FNR (held out) | verdict |", "|---|---|---|---|---|---|---|---|---|"]
     for row in audit["rows"]:
-        lines.append(f"| {row['mechanism']} | {row['epsilon'] if row['epsilon'] is not None else 'no DP'} | "
-                     f"{row['auc']:.3f} | {row['runs_in']} / {row['runs_out']} |")
+        claimed = "∞ (no noise)" if not math.isfinite(row["claimed_epsilon"]) else f"{row['claimed_epsilon']:.3g}"
+        lines.append(f"| {row['mechanism']} | {row['label']} | {row['attacker']} | {row['rounds']} | {claimed} | "
+                     f"{row['epsilon_lower_bound']:.3g} | {row['false_positives']} / {row['scored_out']} | "
+                     f"{row['false_negatives']} / {row['scored_in']} | {audit_verdict(row)} |")
+    lines += ["", f"Power: the broken mechanisms (no noise; noise reproducible from the seed, against an attacker "
+                  f"who reads it) certify at least ε ≥ {power:.3g}, above the largest claim here ({largest:g}); "
+                  f"every secure row stays below its claim"
+              + ("." if all(row["epsilon_lower_bound"] <= row["claimed_epsilon"] for row in audit["rows"]
+                            if row not in broken) else " **except where the verdict says otherwise**.")]
     return lines
 
 
@@ -213,16 +253,18 @@ def main() -> None:
         f"_{data['description']}_", "",
         f"Regenerate: `python benchmarks/privacy.py` (reads the committed `summary.json` files). Rule: {TEST_NAME}.",
         "Target ε bounds every client: local DP is calibrated as if a client took part in all 100 rounds; a client "
-        "that took part in fewer spends less (its ε is in its run's `per_client_epsilon`). A run the noise drove "
-        "to NaN/Inf stopped there (`diverged`): it is scored at its best validation round before that, if it had "
-        "one, and its ε covers the rounds it ran.", "",
+        "that took part in fewer spends less (its ε is in its run's `per_client_epsilon`). The noise comes from a "
+        "secure generator (no run's noise can be regenerated from its seed). A private run reports its last "
+        "evaluation (choosing the round by the clients' validation scores would be outside the mechanism); a run "
+        "the noise drove to NaN/Inf stopped there (`diverged`): it is scored at its last evaluation before that, if "
+        "it had one, and its ε covers every round it released.", "",
         "## Test accuracy (%)", "", *utility_table(data), "",
         "## Verdicts", "",
         "Each private cell against the same method without DP, and against the clients' trivial predictors "
         "(higher / lower: the test rejects equality at 5 %; undecided: it does not).", "",
         *verdict_table(data), "",
         "## What was calibrated and spent", "", *spent_table(data), "",
-        "## Canary audit", "", *audit_section(), "",
+        "## Audit: an ε lower bound that a broken mechanism exceeds", "", *audit_section(), "",
         "## Code", "", *provenance_section(data), "",
         "![privacy-utility](plots/privacy_utility.png)", "", "![local epsilon](plots/local_epsilon.png)", "",
     ]
