@@ -22,13 +22,18 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/graphfed compare configs/demo_fl60.yaml --methods panacea,pfedhn,fedavg --seeds 1 --out runs/demo
 
+# The installed-wheel check (tools/check_wheel.py: fresh venvs at the newest and lowest versions the bounds allow,
+# mostly network and disk) runs beside the tests, which take both cores (pytest-xdist).
 test: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks tools
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest
+	$(BIN)/python tools/check_wheel.py > $(VENV)/wheel-check.log 2>&1 & wheel=$$!; \
+	$(BIN)/python -m pytest -n 2; tests=$$?; \
+	wait $$wheel; checked=$$?; cat $(VENV)/wheel-check.log; \
+	[ $$tests -eq 0 ] && [ $$checked -eq 0 ]
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks tools
 	$(BIN)/lint-imports
 
 bench: $(STAMP)

@@ -24,6 +24,11 @@ _SHARED_DATA = (Path(__file__).resolve().parents[1] / ".." / "shared" / "data").
 if _SHARED_DATA.is_dir():
     os.environ.setdefault("GRAPHFED_DATA", str(_SHARED_DATA))
 
+# Under pytest-xdist (make test runs 2 workers) each worker takes its share of the cores: torch's default (all of
+# them) in every worker would oversubscribe the machine. A run config's own torch_threads still wins.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 #: A federation and training budget small enough for unit tests, big enough to learn something.
 TINY_BASE: list[str] = [
     "dataset.name=fln",

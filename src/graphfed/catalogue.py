@@ -18,13 +18,14 @@ CATALOGUE = Path(__file__).with_name("catalogue.json")
 
 def build() -> dict[str, Any]:
     """The catalogue from the live registries (imports torch)."""
+    from graphfed.config import shown_default
     from graphfed.data import DATASETS
     from graphfed.methods import METHODS
     from graphfed.models import MODELS
 
     methods = {}
     for name, cls in sorted(METHODS.items()):
-        options = [[option, "—" if field.default is None else repr(field.default), field.description or ""]
+        options = [[option, shown_default(field), field.description or ""]
                    for option, field in cls.Options.model_fields.items()]
         methods[name] = {"summary": cls.summary, "doc": inspect.getdoc(inspect.getmodule(cls)) or "",
                          "options": options}

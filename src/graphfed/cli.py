@@ -10,18 +10,18 @@ import re
 import signal
 import sys
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-import click
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
-from graphfed.config import RunConfig, load_config, printable, validate_config
+from graphfed.config import RunConfig, load_config, printable, shown_default, validate_config
 from graphfed.errors import EXIT_INPUT, EXIT_STOPPED, GraphfedError
 
 if TYPE_CHECKING:
@@ -44,12 +44,20 @@ class _Commands(typer.Typer):
         return lambda function: register(_reporting_errors(function))
 
 
+#: what the CLI framework raises itself to end a command (an exit code, a usage error, Ctrl-C): passed through. Typer
+#: up to 0.2x re-exports click's classes, later releases carry their own (a vendored click): both are covered by
+#: naming typer's, and the usage errors by BadParameter's ClickException base, whichever module defines it.
+FRAMEWORK_EXITS: tuple[type[BaseException], ...] = (
+    typer.Exit, typer.Abort, KeyboardInterrupt,
+    *(cls for cls in typer.BadParameter.__mro__ if cls.__name__ == "ClickException"))
+
+
 def _reporting_errors(function: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(function)
     def command(*args: Any, **kwargs: Any) -> Any:
         try:
             return function(*args, **kwargs)
-        except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
+        except FRAMEWORK_EXITS:
             raise
         except GraphfedError as err:
             _fail(str(err), err.exit_code)
@@ -95,6 +103,35 @@ def _check_out(out: Path, option: str = "--out") -> None:
         _fail(f"{option} {out}: {existing} is not a writable directory", EXIT_CONFIG)
 
 
+def _claim_out(out: Path, overwrite: bool, resumable: bool = True) -> None:
+    """A new run may not silently replace the run ``out`` holds: refuse (one line), or clear it with --overwrite."""
+    from graphfed.runs import clear_run, describe_run
+
+    existing = describe_run(out)
+    if existing is None:
+        return
+    if not overwrite:
+        options = "pass --resume to continue it, --overwrite to replace it" if resumable else (
+            "it was made by another config: pass --overwrite to replace it")
+        _fail(f"--out {out} holds {existing}; {options}, or choose another --out", EXIT_CONFIG)
+    clear_run(out)
+
+
+def _finished_run_of(cfg: RunConfig, out: Path) -> RunResult | None:
+    """The finished run of exactly ``cfg`` in ``out`` (compare reuses it instead of running it again), or None."""
+    from graphfed.config import read_yaml, same_run
+    from graphfed.runs import CONFIG, read_result
+
+    try:
+        result = read_result(out)
+        recorded = validate_config(read_yaml((out / CONFIG).read_text()))
+    except (GraphfedError, OSError, ValueError):
+        return None
+    threads = recorded.torch_threads if cfg.torch_threads is None else cfg.torch_threads
+    return result if result.completed and same_run(recorded, cfg.model_copy(update={"torch_threads": threads})) \
+        else None
+
+
 def _load(config: Path | None, overrides: list[str] | None) -> RunConfig:
     return load_config(config, overrides or [])
 
@@ -137,6 +174,7 @@ def run(config: Annotated[Path, typer.Argument(help="YAML run config")],
         overrides: SetOption = None,
         out: Annotated[Path | None, typer.Option(help="output directory (default runs/<method>_<dataset>)")] = None,
         resume: Annotated[bool, typer.Option(help="continue from OUT/checkpoint.pt")] = False,
+        overwrite: Annotated[bool, typer.Option(help="replace the run OUT already holds")] = False,
         progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
         verbose: bool = False) -> None:
     """Run one method on one dataset; writes config.yaml, rounds.jsonl, summary.json, plots/."""
@@ -144,6 +182,8 @@ def run(config: Annotated[Path, typer.Argument(help="YAML run config")],
     cfg = _load(config, overrides)
     out = out or Path("runs") / f"{cfg.method.name}_{cfg.dataset.name}_seed{cfg.seed}"
     _check_out(out)
+    if not resume:
+        _claim_out(out, overwrite)
     summary = _run_one(cfg, out, resume, progress)
     _print_summary(summary)
     console.print(f"results in [bold]{out}[/bold]")
@@ -174,6 +214,8 @@ def _print_summary(summary: RunResult) -> None:
                                else (summary.novel_adapted_mean, summary.novel_adapted_std), metric),
                   f"{summary.wall_seconds:.1f}")
     show(table)
+    for flag in summary.flags:
+        console.print(f"[yellow]note:[/yellow] {flag}")
     if summary.privacy:
         console.print(privacy_sentence(summary.privacy))
     attack = summary.attack
@@ -199,21 +241,25 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
             seeds: Annotated[int, typer.Option(min=1, help="seeds per method: seed, seed+1, ...")] = 1,
             overrides: SetOption = None,
             out: Annotated[Path, typer.Option(help="output directory")] = Path("runs/compare"),
-            per_client: Annotated[bool, typer.Option("--per-client", help="also each row's per-client table "
-                                                     "(its first seed)")] = False,
+            per_client: Annotated[bool, typer.Option("--per-client", help="also each row's per-client table: each "
+                                                     "client's mean ± std over the seeds beside its trivial "
+                                                     "predictor (console, compare.md, per_client.csv)")] = False,
+            overwrite: Annotated[bool, typer.Option(help="run again the runs under OUT made by another config "
+                                                    "(finished runs of the same config are reused)")] = False,
             progress: bool = True, verbose: bool = False) -> None:
     """Run several methods (and variants) over several seeds; print one table of mean ± std over seeds."""
     from graphfed.config import apply_overrides
     from graphfed.report.plots import plot_comparison
     from graphfed.report.tables import (
-        attack_cells,
-        attack_headers,
         compare_rows,
-        headers,
+        comparison,
+        comparison_csv,
+        csv_text,
         markdown_table,
         metric_label,
-        per_client_table,
-        row_cells,
+        per_client_cells,
+        per_client_csv_rows,
+        per_client_over_seeds,
     )
     from graphfed.runs import RoundLog, atomic_write_text
 
@@ -245,31 +291,63 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
             data["seed"] = base.seed + k
             configs[label].append(validate_config(data))
     names = list(configs)
-    summaries: dict[str, list[RunResult]] = {}
-    for name, runs in configs.items():
-        summaries[name] = [_run_one(cfg, out / name / f"seed{cfg.seed}", False, progress) for cfg in runs]
+    planned = {(name, cfg.seed): (cfg, out / name / f"seed{cfg.seed}") for name, runs in configs.items()
+               for cfg in runs}
+    reused = {key: found for key, (cfg, folder) in planned.items() if (found := _finished_run_of(cfg, folder))}
+    for key, (_, folder) in planned.items():
+        if key not in reused:
+            _claim_out(folder, overwrite, resumable=False)  # before any run: a refusal leaves all as it was
+    if reused:
+        console.print(f"reusing {len(reused)} finished run(s) of the same config under {out}")
+    summaries: dict[str, list[RunResult]] = {
+        name: [reused.get((name, cfg.seed)) or _run_one(cfg, planned[(name, cfg.seed)][1], False, progress)
+               for cfg in runs] for name, runs in configs.items()}
     rows = compare_rows(summaries)
     metric = rows[0]["metric"]
     dataset = next(iter(summaries.values()))[0].dataset  # a folder's own name (meta.yaml), not "folder"
     attacked = any(row["attacked"] for row in rows)  # the headline is then the honest clients' score
-    table = Table(title=f"{dataset}: personalised {metric_label(metric)}, {seeds} seed(s)"
-                        + (" (malicious clients took part)" if attacked else ""))
-    for header in attack_headers(metric) if attacked else headers(metric):
-        table.add_column(header, overflow="fold")
-    for row in rows:
-        table.add_row(*(attack_cells(row) if attacked else row_cells(row)))
-    show(table)
+    columns, cells = comparison(rows)
+    show(_table(f"{dataset}: personalised {metric_label(metric)}, {seeds} seed(s)"
+                + (" (malicious clients took part)" if attacked else ""), columns, cells))
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "compare.md", markdown_table(rows))
+    markdown = markdown_table(rows)
+    notes = [f"{name}: {flag} (in {count} of {len(results)} seeds)" for name, results in summaries.items()
+             for flag, count in Counter(flag for result in results for flag in result.flags).items()]
+    for note in notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    if notes:
+        markdown += "\n" + "".join(f"- note: {note}\n" for note in notes)
+    atomic_write_text(out / "compare.csv", comparison_csv(rows))
+    if per_client:  # each client, mean ± std over the seeds (clients matched by name), per row of the table
+        csv_columns: list[str] = []
+        csv_rows: list[list[Any]] = []
+        for name, results in summaries.items():
+            records = per_client_over_seeds(results)
+            client_columns, client_cells = per_client_cells(records, metric)
+            show(_table(f"{name}: each client over {len(results)} seed(s) (trivial = majority class / mean target of "
+                        f"its own training rows)", client_columns, client_cells))
+            markdown += (f"\n## {name}: each client, mean ± std over {len(results)} seed(s)\n\n| "
+                         + " | ".join(client_columns) + " |\n|" + "---|" * len(client_columns) + "\n"
+                         + "".join("| " + " | ".join(cell) + " |\n" for cell in client_cells))
+            csv_columns, rows_of_label = per_client_csv_rows(name, records)
+            csv_rows += rows_of_label
+        atomic_write_text(out / "per_client.csv", csv_text(csv_columns, csv_rows))
+    atomic_write_text(out / "compare.md", markdown)
     atomic_write_text(out / "compare.json", json.dumps({name: [result.to_json() for result in results]
                                                         for name, results in summaries.items()}, indent=2) + "\n")
     histories = {name: RoundLog(out / name / f"seed{base.seed}").read() for name in names}
     plot_comparison(histories, out / "compare.png", metric, title=dataset)
-    if per_client:
-        for results in summaries.values():
-            if results[0].per_client:
-                show(per_client_table(results[0], 50))
-    console.print(f"table: {out / 'compare.md'}, curves: {out / 'compare.png'}")
+    console.print(f"table: {out / 'compare.md'} (and compare.csv{', per_client.csv' if per_client else ''}), "
+                  f"curves: {out / 'compare.png'}")
+
+
+def _table(title: str, columns: list[str], cells: list[list[str]]) -> Table:
+    table = Table(title=title)
+    for header in columns:
+        table.add_column(header, overflow="fold")
+    for row in cells:
+        table.add_row(*row)
+    return table
 
 
 #: a variant's label becomes a folder under --out: letters, digits, dots, dashes and underscores only
@@ -710,7 +788,7 @@ def list_components(options: Annotated[bool, typer.Option("--options", help="als
         for field, info in model.model_fields.items():
             choices = getattr(info.annotation, "__args__", None) if field == "kind" else None
             meaning = info.description or ("one of " + ", ".join(choices) if choices else "")
-            table.add_row(f"{section}.{field}", "—" if info.default is None else repr(info.default), meaning)
+            table.add_row(f"{section}.{field}", shown_default(info), meaning)
         show(table)
 
 

@@ -46,7 +46,8 @@ class _Strict(BaseModel):
     # Strict types: lax coercion would read YAML's `true` as the integer 1 (train.rounds=true ran one round) and the
     # quoted text "0.7" as a number; a number field takes a number (an integer where a float belongs is fine), a
     # boolean a boolean, text text.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
+    # no protected namespace: pydantic before 2.10 warns of fields named model_* (privacy.model_selection)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, protected_namespaces=())
 
 
 #: a float inside a container that YAML gives as a list (the container is lax, its items strict)
@@ -54,7 +55,10 @@ StrictNumber = Annotated[float, Strict()]
 
 
 def _names_as_text(names: Any) -> Any:
-    """Client names given as YAML numbers (``[3, 17]``: FL-60's clients are named 0..59) are their text."""
+    """Client names given as YAML numbers (``[3, 17]``: FL-60's clients are named 0..59) are their text; an empty
+    list names no client (the same as leaving the field unset)."""
+    if isinstance(names, list) and not names:
+        return None
     if isinstance(names, list):
         return [str(name) if isinstance(name, int) and not isinstance(name, bool) else name for name in names]
     return names
@@ -79,7 +83,7 @@ class DatasetConfig(_Strict):
     split_mode: Literal["random", "chronological"] = "random"
     novel_fraction: float = Field(default=0.0, ge=0.0, lt=1.0, description="share of clients held out of training "
                                   "(novel clients), drawn from the seed")
-    novel_clients: list[str] | None = Field(default=None, min_length=1, description="the novel clients by name "
+    novel_clients: list[str] | None = Field(default=None, description="the novel clients by name "
                                             "(instead of novel_fraction): the same clients under every seed")
     graph: Literal["given", "none", "knn"] = Field(default="given", description="the client graph methods read: "
                                                    "the dataset's own (given), none (graph methods infer one from "
@@ -98,7 +102,8 @@ class DatasetConfig(_Strict):
     @model_validator(mode="after")
     def _one_way_to_hold_out(self) -> DatasetConfig:
         if self.novel_clients is not None and self.novel_fraction > 0:
-            raise ValueError("dataset.novel_clients and dataset.novel_fraction both choose novel clients; set one")
+            raise ValueError("dataset.novel_clients and dataset.novel_fraction both choose novel clients; set one "
+                             "(e.g. dataset.novel_fraction=0 beside the names)")
         if self.novel_clients is not None and len(set(self.novel_clients)) != len(self.novel_clients):
             raise ValueError("dataset.novel_clients names a client twice")
         return self
@@ -178,8 +183,9 @@ class TrainConfig(_Strict):
                                 "(torch.use_deterministic_algorithms): the same numbers on the same GPU, at some "
                                 "speed; CPU runs are deterministic either way")
     metrics: list[Literal["balanced_accuracy", "macro_f1", "auroc", "auprc", "sensitivity", "specificity", "rmse",
-                          "mae"]] = Field(default_factory=list, description="metrics scored per client beside "
-                                          "accuracy / MSE, by scikit-learn from each client's predictions: "
+                          "mae", "accuracy", "mse"]] = Field(default_factory=list, description="metrics scored per "
+                                          "client beside accuracy / MSE (always scored; naming them is allowed), by "
+                                          "scikit-learn from each client's predictions: "
                                           "balanced_accuracy, macro_f1, auroc, auprc (binary, or one-vs-rest "
                                           "macro), sensitivity, specificity (binary, at train.threshold); rmse, mae")
     threshold: float = Field(default=0.5, gt=0.0, lt=1.0, description="binary tasks: the probability of class 1 "
@@ -403,6 +409,13 @@ def register_name_check(check: Callable[[RunConfig], None]) -> None:
     """Run ``check(config)`` on every validated config; it raises ValueError naming the field (one line)."""
     if check not in NAME_CHECKS:
         NAME_CHECKS.append(check)
+
+
+def shown_default(info: Any) -> str:
+    """A pydantic field's default as ``graphfed list``, ``describe`` and the docs print it ("—" for none; a default
+    factory's value, not pydantic's placeholder)."""
+    value = info.get_default(call_default_factory=True)
+    return "—" if value is None else repr(value)
 
 
 def given(value: Any) -> str:

@@ -18,7 +18,7 @@ def stream_seed(seed: int, round_index: int, purpose: str, client: int | None = 
     if client is not None:
         key.append(client + 1)
     entropy = np.random.SeedSequence(key)
-    return int(entropy.generate_state(1, dtype=np.uint64)[0] >> 1)
+    return int(entropy.generate_state(1, dtype=np.uint64)[0]) >> 1  # a Python int: numpy 1.x casts no uint64 >> int
 
 
 def client_seeds(seed: int, round_index: int, purpose: str, client_ids: torch.Tensor) -> list[int]:
