@@ -136,7 +136,7 @@ def test_a_method_whose_clients_evaluate_their_own_forward_says_why_nothing_is_e
     result = Simulator(make_config("knn-per"), tmp_path, progress=False).run()
     assert "evaluate a network or forward of their own" in result.models_note
     refused = CliRunner().invoke(app, ["export", str(tmp_path), "--client", "0", "--out", str(tmp_path / "x.pt")])
-    assert refused.exit_code == 2 and "no saved models" in refused.stderr
+    assert refused.exit_code == 2 and "the run saved no models: knn-per's clients evaluate" in refused.stderr
 
 
 def test_inspect_warns_of_a_dominant_client_only_far_above_its_fair_share() -> None:

@@ -20,7 +20,7 @@ import torch
 from graphfed.errors import DataError, UntrustedInputError
 from graphfed.models import build_model
 from graphfed.models.base import TargetModel
-from graphfed.runs import atomic_write_bytes, load_models
+from graphfed.runs import SUMMARY, atomic_write_bytes, load_models, read_result
 
 FORMAT = "graphfed-client-model"
 
@@ -43,6 +43,7 @@ def client_state(run_dir: Path, client: str) -> tuple[dict[str, torch.Tensor], d
     if client not in names:
         raise DataError(f"no client {client!r} in {run_dir}; clients: {', '.join(names[:10])}"
                         + (", ..." if len(names) > 10 else ""))
+    untrained_model_refusal(run_dir, client)
     flat = weights[names.index(client)]
     state, offset = {}, 0
     for name, shape in zip(model["param_names"], model["param_shapes"], strict=True):
@@ -50,6 +51,19 @@ def client_state(run_dir: Path, client: str) -> tuple[dict[str, torch.Tensor], d
         state[name] = flat[offset:offset + size].reshape(shape).clone()
         offset += size
     return state, model, selected
+
+
+def untrained_model_refusal(run_dir: Path, client: str) -> None:
+    """DataError when the run's method has no trained model for ``client`` (a novel client of Local): the saved row
+    is an untrained network, never to be served."""
+    if not (run_dir / SUMMARY).is_file():
+        return
+    result = read_result(run_dir)
+    if client in (result.novel_clients or []) and result.novel_none_reason:
+        raise DataError(f"client {client!r} never trained in this {result.method} run and {result.method} has no "
+                        f"model for such a client ({result.novel_none_reason}); its saved row is an untrained "
+                        f"network. Export a training client, or run a method with a shared model (e.g. fedavg, "
+                        f"panacea) for novel clients")
 
 
 def client_model(run_dir: Path | str, client: str) -> TargetModel:

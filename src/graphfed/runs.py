@@ -23,6 +23,9 @@ log = logging.getLogger("graphfed")
 ROUNDS_LOG = "rounds.jsonl"
 SUMMARY = "summary.json"
 CONFIG = "config.yaml"
+CHECKPOINT = "checkpoint.pt"  #: the simulator's (``sim/checkpoint.py`` writes it)
+METRICS_CSV = "metrics.csv"  #: the csv tracker's (``sim/tracking.py``)
+PRIVACY_LEDGER = "privacy.json"  #: a private run's releases (``client/privacy.py``)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -117,8 +120,11 @@ def load_models(run_dir: Path) -> tuple[torch.Tensor, list[str], int, dict[str, 
     UntrustedInputError (one line naming the file) for anything else."""
     path = run_dir / MODELS_DIR / BEST_MODELS
     if not path.is_file():
-        raise UntrustedInputError(f"{path}: no saved models (a run from an older graphfed, a Flower run, or a method "
-                                  f"whose clients evaluate a network of their own; see the summary's models_note)")
+        if not (run_dir / SUMMARY).is_file():
+            raise UntrustedInputError(f"{run_dir}: not a graphfed run folder (no {SUMMARY}); give the --out folder "
+                                      f"of a finished run")
+        note = read_result(run_dir).models_note
+        raise UntrustedInputError(f"{run_dir}: the run saved no models: " + (note or "a run from an older graphfed"))
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
@@ -196,6 +202,35 @@ def load_graph_clients(run_dir: Path) -> tuple[list[str], np.ndarray] | None:
             return [str(name) for name in names], novel
     except (OSError, ValueError, KeyError) as err:
         raise UntrustedInputError(f"{paths[-1]}: not a readable graph file ({err})") from None
+
+
+#: what a run writes into its folder: :func:`clear_run` removes these and nothing else the folder holds
+RUN_FILES = (CONFIG, ROUNDS_LOG, SUMMARY, CHECKPOINT, METRICS_CSV, PRIVACY_LEDGER)
+RUN_FOLDERS = (MODELS_DIR, GRAPHS_DIR, "plots")
+
+
+def describe_run(out_dir: Path) -> str | None:
+    """What run ``out_dir`` holds, in words ("a finished run (fedavg, 100 rounds)"), or None when it holds none."""
+    if (out_dir / SUMMARY).is_file():
+        try:
+            result = read_result(out_dir)
+        except UntrustedInputError:
+            return "a run whose summary.json cannot be read"
+        state = "a finished run" if result.completed else f"a run that {result.status}"
+        return f"{state} ({result.method}, {result.rounds} rounds)"
+    if (out_dir / CHECKPOINT).is_file():
+        return "an unfinished run (a checkpoint)"
+    return None
+
+
+def clear_run(out_dir: Path) -> None:
+    """Remove the run in ``out_dir`` (``--overwrite``): the files and folders a run writes, nothing else."""
+    import shutil
+
+    for name in RUN_FILES:
+        (out_dir / name).unlink(missing_ok=True)
+    for name in RUN_FOLDERS:
+        shutil.rmtree(out_dir / name, ignore_errors=True)
 
 
 def finite_or_none(value: Any) -> Any:
@@ -293,6 +328,9 @@ class RunResult(BaseModel):
     training_clients: int | None = None
     #: why ``models/best.pt`` was not written (None: it holds every client's model at ``best_round``)
     models_note: str | None = None
+    #: what a reader must know about these numbers, one sentence each (a novel client with no graph neighbour, one
+    #: scoring below its trivial predictor); the run's log and the tables say the same
+    flags: list[str] = []
     #: ``{"round", "patience", "min_delta"}`` when early stopping ended the run before ``train.rounds``
     stopped_early: dict[str, Any] | None = None
     final_test_mean: float | None = None

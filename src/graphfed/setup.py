@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from graphfed.config import RunConfig
 from graphfed.core import rng
 from graphfed.core.memory import check_fits, fits
 from graphfed.core.params import ParamSpec
-from graphfed.data import build_federation
+from graphfed.data import DATASETS, build_federation
 from graphfed.data.federation import Federation
 from graphfed.methods import method_class, parse_options
 from graphfed.methods.base import Method, MethodContext, MethodOptions
@@ -236,6 +237,20 @@ class Setup:
         return self.clients.executor(seed)
 
 
+def check_before_data(config: RunConfig, method: MethodSetup) -> None:
+    """The model and the method's client side, built on the dataset's shape where its config alone decides it, so a
+    combination that cannot run (FedBN on a model without BatchNorm, a CNN on rows too small) is refused before
+    slow files are read. The draws it makes leave torch's random state as it was."""
+    info = DATASETS.get(config.dataset.name)
+    if info is None or info.shape is None or config.model.architectures is not None:
+        return
+    input_shape, output_dim = info.shape(config.dataset)
+    stub = SimpleNamespace(name=config.dataset.name, task=info.task, input_shape=input_shape, output_dim=output_dim)
+    with torch.random.fork_rng(devices=[]):
+        model = build_model(config.model.name, stub, config.model.options)  # type: ignore[arg-type]
+        method.client_rule(client_setting(model, ParamSpec.from_module(model), stub, method.training))  # type: ignore[arg-type]
+
+
 def build_setup(config: RunConfig, federation: Federation | None = None) -> Setup:
     """The data (``federation``, or built from ``config.dataset``), the clients' side and the method, in the order
     that fixes every random draw."""
@@ -243,6 +258,8 @@ def build_setup(config: RunConfig, federation: Federation | None = None) -> Setu
         torch.set_num_threads(config.torch_threads)
     method = resolve_method(config)
     device = resolve_device(config.train.device)
+    if federation is None:
+        check_before_data(config, method)
     fed = federation if federation is not None else build_federation(config.dataset, config.seed)
     clients = ClientSide.build(config, fed, method, device)
     context = MethodContext(

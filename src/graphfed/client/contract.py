@@ -16,6 +16,7 @@ import torch
 from graphfed.client.losses import per_client_loss
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import ClientSplit, Task
+from graphfed.errors import ConfigError
 from graphfed.models.base import TargetModel
 
 
@@ -61,7 +62,7 @@ class ClientSetting:
     def require_head(self, method: str) -> tuple[str, ...]:
         """The head's tensors; a ValueError naming ``method`` when the model declares none."""
         if not self.head:
-            raise ValueError(f"{method} needs a model that declares its head (TargetModel.head_module, or "
+            raise ConfigError(f"{method} needs a model that declares its head (TargetModel.head_module, or "
                              f"register_model(..., head='<output layer>'))")
         return self.head
 

@@ -363,8 +363,6 @@ def next_clip(delta: torch.Tensor, clip_norm: float, plan: PrivacyPlan, expected
 
 
 # ---- what was spent ----------------------------------------------------------------------------------------------
-LEDGER = "privacy.json"
-
 
 @dataclass
 class PrivacyLedger:

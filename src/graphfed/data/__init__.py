@@ -36,7 +36,7 @@ __all__ = ["DATASETS", "ClientSplit", "DatasetInfo", "Federation", "Streams", "b
 BUILTIN = (digits, fl_n, tpt48, images, femnist, folder, metr_la, traffic_h5)
 for _module in BUILTIN:
     for _info in _module.REGISTRY:
-        register_dataset(_info.name, _info.build, _info.task, _info.description)
+        register_dataset(_info.name, _info.build, _info.task, _info.description, shape=_info.shape)
 
 #: datasets whose clients are dealt rows from a pool (what ``dataset.client_fraction`` scales)
 PARTITIONED = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100")

@@ -42,21 +42,27 @@ class Streams(NamedTuple):
 Builder = Callable[[DatasetConfig, Streams], Federation]
 
 
+#: a dataset's input shape and output size as its config decides them, known before its files are read
+Shape = Callable[[DatasetConfig], tuple[tuple[int, ...], int]]
+
+
 @dataclass(frozen=True)
 class DatasetInfo:
-    """Registry entry: what a dataset name means and how to build it."""
+    """Registry entry: what a dataset name means and how to build it. ``shape`` (when the config alone decides it)
+    lets a run check its model and method against the data before reading slow files."""
 
     name: str
     description: str
     task: Task
     build: Builder
+    shape: Shape | None = None
 
 
 DATASETS: dict[str, DatasetInfo] = {}
 
 
 def register_dataset(name: str, build: Builder, task: Task, description: str = "", *,
-                     replace: bool = False) -> DatasetInfo:
+                     replace: bool = False, shape: Shape | None = None) -> DatasetInfo:
     """Make ``dataset.name: <name>`` build a federation with ``build(cfg, streams)``.
 
     ``task`` is "classification" or "regression". A name already registered is refused unless ``replace=True``
@@ -67,7 +73,7 @@ def register_dataset(name: str, build: Builder, task: Task, description: str = "
         raise ValueError(f"dataset {name!r}: task must be 'classification' or 'regression', got {task!r}")
     if name in DATASETS and not replace:
         raise ValueError(f"dataset {name!r} is already registered; pass replace=True to replace it")
-    info = DatasetInfo(name, description or name, task, build)
+    info = DatasetInfo(name, description or name, task, build, shape)
     DATASETS[name] = info
     return info
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from graphfed.client.contract import ClientRule, ClientSetting
+from graphfed.errors import ConfigError
 from graphfed.methods.fedala import FedALARule
 from graphfed.methods.fedavg import FedAvg, FedAvgOptions
 
@@ -34,5 +35,5 @@ class FedAH(FedAvg):
     @classmethod
     def client_rule(cls, options: FedAHOptions, setting: ClientSetting) -> ClientRule:
         if not setting.head:
-            raise ValueError("FedAH needs a model that declares its head (TargetModel.head_module)")
+            raise ConfigError("FedAH needs a model that declares its head (TargetModel.head_module)")
         return FedALARule(setting, setting.head, options.rand_percent, options.eta)

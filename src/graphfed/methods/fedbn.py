@@ -11,6 +11,7 @@ and shift; they never travel (bytes up exclude them). A model without BatchNorm 
 from __future__ import annotations
 
 from graphfed.client.contract import ClientRule, ClientSetting, PersonalPartsRule
+from graphfed.errors import ConfigError
 from graphfed.methods.fedavg import FedAvg, FedAvgOptions
 
 
@@ -21,5 +22,5 @@ class FedBN(FedAvg):
     @classmethod
     def client_rule(cls, options: FedAvgOptions, setting: ClientSetting) -> ClientRule:
         if not setting.norm:
-            raise ValueError("FedBN needs a model with BatchNorm layers (e.g. model.name=cnn-bn or resnet-like)")
+            raise ConfigError("FedBN needs a model with BatchNorm layers (e.g. model.name=cnn-bn or resnet-like)")
         return PersonalPartsRule(setting, setting.norm)

@@ -28,6 +28,7 @@ from pydantic import Field
 from graphfed.client.contract import ClientRule, ClientSetting, LocalStep, Weights, require_grad
 from graphfed.core.mixing import weighted_mean
 from graphfed.data.federation import ClientSplit
+from graphfed.errors import ConfigError
 from graphfed.methods.base import MethodContext
 from graphfed.methods.fedavg import FedAvg, FedAvgOptions
 from graphfed.methods.fedpac import head_shape
@@ -60,7 +61,7 @@ class FedCPRule(ClientRule):
     def __init__(self, setting: ClientSetting, lam: float) -> None:
         super().__init__(setting)
         if not setting.head:
-            raise ValueError("FedCP needs a model that declares its head (TargetModel.head_module)")
+            raise ConfigError("FedCP needs a model that declares its head (TargetModel.head_module)")
         self.lam = lam
         self.weight_name = next(name for name in setting.head if name.endswith("weight"))
         self.num_features = head_shape(setting)[1]

@@ -34,7 +34,7 @@ from pydantic import Field
 from graphfed.client.contract import ClientRule, ClientSetting, LocalStep, Weights, require_grad
 from graphfed.client.evaluation import scoring_blocks
 from graphfed.core.mixing import weighted_mean
-from graphfed.errors import SolverError
+from graphfed.errors import ConfigError, SolverError
 from graphfed.methods.base import MethodContext
 from graphfed.methods.fedavg import FedAvg, FedAvgOptions
 from graphfed.methods.pfedgraph import project_to_simplex
@@ -61,7 +61,7 @@ class FedPACRule(ClientRule):
     def __init__(self, setting: ClientSetting, lam: float, head_steps: int) -> None:
         super().__init__(setting)
         if setting.task != "classification" or not setting.head:
-            raise ValueError("FedPAC needs a classification task and a model that declares its head")
+            raise ConfigError("FedPAC needs a classification task and a model that declares its head")
         self.lam, self.head_steps = lam, head_steps
         self.num_classes, self.num_features = head_shape(setting)
 

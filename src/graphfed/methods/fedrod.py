@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from graphfed.client.contract import ClientRule, ClientSetting, LocalStep, Weights, require_grad
+from graphfed.errors import ConfigError
 from graphfed.methods.fedavg import FedAvg, FedAvgOptions
 
 
@@ -31,7 +32,10 @@ class FedRoDRule(ClientRule):
     def __init__(self, setting: ClientSetting) -> None:
         super().__init__(setting)
         if not setting.head:
-            raise ValueError("FedRoD needs a model that declares its head (TargetModel.head_module)")
+            raise ConfigError("FedRoD needs a model that declares its head (TargetModel.head_module)")
+        if setting.task != "classification":
+            raise ConfigError("FedRoD trains its generic model with a balanced softmax over each client's class "
+                              "counts: it needs a classification task")
 
     def init_state(self, received: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"personal_head": torch.zeros(len(received), self.setting.numel(self.setting.head),

@@ -23,6 +23,7 @@ from graphfed.client.contract import ClientRule, ClientSetting, LocalStep, Weigh
 from graphfed.client.training import train_clients
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import ClientSplit
+from graphfed.errors import ConfigError
 from graphfed.methods.fedavg import FedAvg, FedAvgOptions
 from graphfed.models.base import TargetModel
 from graphfed.models.family import ArchitectureFamily
@@ -47,7 +48,7 @@ class FlhaDistill(FedAvg):
     def client_networks(cls, options: FlhaDistillOptions,  # type: ignore[override]
                         family: ArchitectureFamily) -> tuple[ParamSpec, torch.Tensor, list[TargetModel]]:
         if options.teacher not in family.catalogue:
-            raise ValueError(f"method.options.teacher: unknown architecture {options.teacher!r}; allowed: "
+            raise ConfigError(f"method.options.teacher: unknown architecture {options.teacher!r}; allowed: "
                              f"{', '.join(family.catalogue)}")
         teacher = family.member(options.teacher)
         spec = ParamSpec.from_module(teacher)

@@ -46,8 +46,8 @@ class KNNPerRule(ClientRule):
         nearest, index = distance.topk(k, dim=-1, largest=False)
         vote = torch.softmax(-nearest / self.sigma, dim=-1)  # a neighbour at infinite distance gets weight 0
         has_rows = (train.counts > 0).view(-1, 1, 1)
-        neighbours = torch.gather(datastore.y.unsqueeze(1).expand(-1, query.shape[1], -1), 2, index)
         if self.setting.task == "classification":
+            neighbours = torch.gather(datastore.y.unsqueeze(1).expand(-1, query.shape[1], -1), 2, index)
             knn = torch.zeros_like(outputs).scatter_add_(2, neighbours, vote)
             mixed = self.lam * knn + (1 - self.lam) * torch.softmax(outputs, dim=-1)
             return torch.where(has_rows, mixed.clamp_min(1e-12).log(), outputs)  # log-probabilities as logits

@@ -81,7 +81,8 @@ class Panacea(EmbeddingHypernetwork):
         self.latest_delta = torch.zeros(n if inferring else 0, context.spec.dim if inferring else 0)
         self.rounds_seen = 0
         if self.infer_graph and self.uses_graph:
-            self.notes.append(f"{self.name}: no client graph given; inferring one by kNN (k={options.knn}) over "
+            k = min(options.knn, max(len(context.train_client_ids) - 1, 1))  # what knn_graph can link
+            self.notes.append(f"{self.name}: no client graph given; inferring one by kNN (k={k}) over "
                               f"cosine similarity of client updates, refreshed every "
                               f"{options.graph_refresh_rounds} rounds")
 

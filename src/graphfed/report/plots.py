@@ -54,14 +54,19 @@ def plot_curves(history: list[dict[str, Any]], path: Path, metric: str, title: s
             ax_metric.plot(rounds, points, label=label)
     ax_metric.set_xlabel("round")
     _metric_axis(ax_metric, metric, plotted, "mean over clients,")
-    ax_metric.legend()
+    if plotted:
+        ax_metric.legend()
     ax_metric.grid(alpha=0.3)
-    # None: not reported (local DP: clients do not send their losses)
-    ax_loss.plot(rounds, [r.get("train_loss") if r.get("train_loss") is not None else float("nan")
-                          for r in history], color="tab:red")
+    # None: not reported (a private run releases no training loss)
+    losses = [r.get("train_loss") if r.get("train_loss") is not None else float("nan") for r in history]
     ax_loss.set_xlabel("round")
     ax_loss.set_ylabel("client training loss (last step)")
-    ax_loss.set_yscale("log")
+    if any(loss == loss and 0 < loss < float("inf") for loss in losses):
+        ax_loss.plot(rounds, losses, color="tab:red")
+        ax_loss.set_yscale("log")
+    else:
+        ax_loss.text(0.5, 0.5, "not reported\n(a private run releases no training loss)", ha="center",
+                     va="center", transform=ax_loss.transAxes, color="0.4")
     ax_loss.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()

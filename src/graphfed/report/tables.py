@@ -87,6 +87,9 @@ def compare_rows(summaries: dict[str, list[RunResult]]) -> list[dict[str, Any]]:
             "honest": _mean_std([r.honest_test_mean for r in runs]),
             "malicious": _mean_std([r.malicious_test_mean for r in runs]),
             "asr": _mean_std([r.asr_mean for r in runs]),
+            # train.metrics (AUROC, balanced accuracy...): each one's test mean over clients, mean ± std over seeds
+            "chosen": {name: _mean_std([(r.metrics or {}).get(name, {}).get("test_mean") for r in runs])
+                       for name in chosen_metrics(runs)},
             # the per-seed scores the verdicts test (report.json keeps them, and each run's summary with its seed)
             "per_seed": {"test": _present([r.test_mean for r in runs]),
                          "novel": _present([r.novel_mean for r in runs]),
@@ -95,21 +98,45 @@ def compare_rows(summaries: dict[str, list[RunResult]]) -> list[dict[str, Any]]:
     return rows
 
 
-def headers(metric: str) -> list[str]:
-    """The comparison table's columns, the metric named in the first number column."""
+def chosen_metrics(runs: Sequence[RunResult]) -> list[str]:
+    """The ``train.metrics`` the runs scored, in the order they name them."""
+    names: list[str] = []
+    for run in runs:
+        names += [name for name in run.metrics or {} if name not in names]
+    return names
+
+
+def format_score(stats: tuple[float, float] | None, n: int | None = None) -> str:
+    """A chosen metric (AUROC, F1...: fractions) as ``mean ± sample std``, or "(n=1)" for one seed."""
+    if stats is None:
+        return "—"
+    return f"{stats[0]:.3f} (n=1)" if n == 1 else f"{stats[0]:.3f} ± {stats[1]:.3f}"
+
+
+def headers(metric: str, chosen: Sequence[str] = ()) -> list[str]:
+    """The comparison table's columns, the metric named in the first number column, then ``train.metrics``."""
     return ["method", f"test {metric_label(metric)} (mean ± sample std over seeds)", "std over clients", "pooled",
-            "novel", "novel (adapted)", "wall s", "MB up"]
+            *[f"test {name}" for name in chosen], "novel", "novel (adapted)", "wall s", "MB up"]
 
 
-def row_cells(row: dict[str, Any]) -> list[str]:
+def row_cells(row: dict[str, Any], chosen: Sequence[str] = ()) -> list[str]:
     metric = row["metric"]
     client_std = row["client_std"]
     std_text = "—" if client_std is None else (
         f"{100 * client_std[0]:.2f}" if metric == "accuracy" else f"{client_std[0]:.1e}")
     n = row["seeds"]
     return [row["method"], format_value(row["test"], metric, n), std_text, format_value(row["pooled"], metric, n),
+            *[format_score(row["chosen"].get(name), n) for name in chosen],
             format_value(row["novel"], metric, n), format_value(row["novel_adapted"], metric, n),
             f"{row['wall_seconds']:.1f}", f"{row['mb_up']:.2f}"]
+
+
+def table_metrics(rows: list[dict[str, Any]]) -> list[str]:
+    """Every chosen metric any row scored (columns of the comparison)."""
+    names: list[str] = []
+    for row in rows:
+        names += [name for name in row.get("chosen", {}) if name not in names]
+    return names
 
 
 def attack_headers(metric: str) -> list[str]:
@@ -127,14 +154,49 @@ def attack_cells(row: dict[str, Any]) -> list[str]:
             asr_text, format_value(row["test"], metric, n), f"{row['wall_seconds']:.1f}", f"{row['mb_up']:.2f}"]
 
 
+def comparison(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """The comparison table as (columns, cells): the attack layout when malicious clients took part, else the
+    metric's, with a column per chosen metric. The console, compare.md and compare.csv all print this."""
+    metric = rows[0]["metric"] if rows else "accuracy"
+    if any(row["attacked"] for row in rows):
+        return attack_headers(metric), [attack_cells(row) for row in rows]
+    chosen = table_metrics(rows)
+    return headers(metric, chosen), [row_cells(row, chosen) for row in rows]
+
+
+def comparison_csv(rows: list[dict[str, Any]]) -> str:
+    """The comparison as numbers (mean and sample std in their own columns; fractions for accuracy)."""
+    chosen = table_metrics(rows)
+    stats = ["test", "pooled", "novel", "novel_adapted", "honest", "malicious", "asr"]
+    columns = ["method", "seeds", *[f"{key}_{part}" for key in stats for part in ("mean", "std")],
+               *[f"{m}_{part}" for m in chosen for part in ("mean", "std")], "wall_seconds", "mb_up"]
+
+    def pair(value: tuple[float, float] | None) -> list[Any]:
+        return ["", ""] if value is None else [value[0], value[1]]
+
+    cells = [[row["method"], row["seeds"], *[v for key in stats for v in pair(row[key])],
+              *[v for m in chosen for v in pair(row["chosen"].get(m))], row["wall_seconds"], row["mb_up"]]
+             for row in rows]
+    return csv_text(columns, cells)
+
+
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     metric = rows[0]["metric"] if rows else "accuracy"
-    attacked = any(row["attacked"] for row in rows)
-    columns = attack_headers(metric) if attacked else headers(metric)
-    cells = attack_cells if attacked else row_cells
+    columns, cells = comparison(rows)
     lines = [metric_note(metric), "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cells(row)) + " |" for row in rows]
+    lines += ["| " + " | ".join(row) + " |" for row in cells]
     return "\n".join(lines) + "\n"
+
+
+def csv_text(columns: list[str], cells: list[list[Any]]) -> str:
+    import csv
+    import io
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows(cells)
+    return buffer.getvalue()
 
 
 def privacy_sentence(record: dict[str, Any]) -> str:
@@ -167,6 +229,64 @@ def per_client_rows(result: RunResult) -> list[dict[str, Any]]:
         rows.append({"client": name, "val": scores.get("val"), "test": test, "trivial": trivial, "gain": gain,
                      "role": role, "metrics": extra})
     return sorted(rows, key=lambda row: (row["gain"] is None, -(row["gain"] or 0.0)))
+
+
+def per_client_over_seeds(results: Sequence[RunResult]) -> list[dict[str, Any]]:
+    """Each client's test score as mean ± sample std over the seeds' runs beside its trivial predictor's, the gain
+    over it, each chosen metric (``train.metrics``) likewise, and its role: the practitioner's per-client rows.
+    Clients are matched by name; a client that is novel under some seeds only says so."""
+    higher = (results[0].metric or "accuracy") == "accuracy"
+    chosen = chosen_metrics(results)
+    names: list[str] = []
+    for result in results:
+        names += [name for name in result.per_client or {} if name not in names]
+    records = []
+    for name in names:
+        entries = [result.per_client[name] for result in results if name in (result.per_client or {})]
+        test = _mean_std([entry.get("test") for entry in entries])
+        trivial = _mean_std([entry.get("trivial_test") for entry in entries])
+        gain = None if test is None or trivial is None else (test[0] - trivial[0] if higher else trivial[0] - test[0])
+        novel = sum(bool(entry.get("novel")) for entry in entries)
+        role = [*(["novel" if novel == len(entries) else f"novel in {novel} of {len(entries)} seeds"]
+                  if novel else []),
+                *(["malicious"] if any(entry.get("malicious") for entry in entries) else []),
+                *(["below trivial"] if gain is not None and gain < 0 else []),
+                *(["no graph neighbours"] if any(entry.get("no_graph_neighbours") for entry in entries) else [])]
+        records.append({"client": name, "test": test, "trivial": trivial, "gain": gain,
+                        "chosen": {m: _mean_std([entry.get(f"test_{m}") for entry in entries]) for m in chosen},
+                        "seeds": len(_present([entry.get("test") for entry in entries])), "role": ", ".join(role)})
+    return records
+
+
+def per_client_cells(records: list[dict[str, Any]], metric: str) -> tuple[list[str], list[list[str]]]:
+    """:func:`per_client_over_seeds`'s rows as a printed table (accuracy in %, MSE as stored)."""
+    chosen = list(records[0]["chosen"]) if records else []
+    columns = ["client", f"test {metric_label(metric)}", "trivial", "gain over trivial",
+               *[f"test {name}" for name in chosen], "seeds", "role"]
+    cells = [[record["client"], format_value(record["test"], metric, record["seeds"]),
+              format_value(record["trivial"], metric, record["seeds"]),
+              "—" if record["gain"] is None else (f"{100 * record['gain']:+.2f}" if metric == "accuracy"
+                                                  else f"{record['gain']:+.4g}"),
+              *[format_score(record["chosen"][m], record["seeds"]) for m in chosen], str(record["seeds"]),
+              record["role"]] for record in records]
+    return columns, cells
+
+
+def per_client_csv_rows(label: str, records: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """The same rows as numbers for a spreadsheet or a plot: mean and sample std in their own columns (fractions
+    for accuracy, as summary.json keeps them)."""
+    chosen = list(records[0]["chosen"]) if records else []
+    columns = ["row", "client", "test_mean", "test_std", "trivial_mean", "trivial_std", "gain_over_trivial",
+               *[f"{m}_{part}" for m in chosen for part in ("mean", "std")], "seeds", "role"]
+
+    def pair(stats: tuple[float, float] | None) -> list[Any]:
+        return ["", ""] if stats is None else [stats[0], stats[1]]
+
+    rows = [[label, record["client"], *pair(record["test"]), *pair(record["trivial"]),
+             "" if record["gain"] is None else record["gain"],
+             *[value for m in chosen for value in pair(record["chosen"][m])], record["seeds"], record["role"]]
+            for record in records]
+    return columns, rows
 
 
 def per_client_table(result: RunResult, limit: int | None = None) -> Any:

@@ -11,9 +11,7 @@ from typing import Any
 import torch
 
 from graphfed.errors import CheckpointError
-from graphfed.runs import atomic_write_bytes
-
-CHECKPOINT = "checkpoint.pt"
+from graphfed.runs import CHECKPOINT, atomic_write_bytes
 
 __all__ = ["CHECKPOINT", "CHECKPOINT_MAGIC", "CheckpointError", "load_checkpoint", "save_checkpoint"]
 

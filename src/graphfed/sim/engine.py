@@ -37,7 +37,6 @@ from graphfed.client.metrics import (
 )
 from graphfed.client.placement import deterministic_algorithms
 from graphfed.client.privacy import (
-    LEDGER,
     REPRODUCIBLE_WARNING,
     PrivacyLedger,
     ServerGradientPrivacy,
@@ -334,7 +333,7 @@ class Simulator:
         """A private run's releases, in the run folder after every round (a run interrupted between checkpoints
         still counts what it released)."""
         if self.privacy.active and self.out_dir is not None:
-            runs.atomic_write_text(self.out_dir / LEDGER, self.ledger.to_json())
+            runs.atomic_write_text(self.out_dir / runs.PRIVACY_LEDGER, self.ledger.to_json())
 
     def _lose_uploads(self, result: TrainResult, round_index: int) -> TrainResult:
         """``train.dropout``: each upload is lost with that probability (one seeded stream per round), the way a
@@ -444,7 +443,8 @@ class Simulator:
         """``train.metrics`` (else the folder meta.yaml's ``metrics``), checked against the task and the clients'
         models (ConfigError, one line)."""
         fed = self.setup.federation
-        wanted = tuple(self.config.train.metrics) or fed.default_metrics
+        # the task's own metric is always scored: naming it among the others is allowed and changes nothing
+        wanted = tuple(m for m in self.config.train.metrics or fed.default_metrics if m != fed.metric)
         source = "train.metrics" if self.config.train.metrics else f"metrics in {fed.name}'s meta.yaml"
         allowed = CLASSIFICATION_METRICS if fed.task == "classification" else REGRESSION_METRICS
         wrong = [metric for metric in wanted if metric not in allowed]
@@ -577,7 +577,7 @@ class Simulator:
         """The releases before a resume: the checkpoint's count, or the run folder's if it saw more (rounds run
         after the checkpoint by the interrupted process were released too, and are run again now)."""
         ledger = PrivacyLedger()
-        for source, state in (("checkpoint", saved), (LEDGER, self._ledger_file())):
+        for source, state in (("checkpoint", saved), (runs.PRIVACY_LEDGER, self._ledger_file())):
             if state is None:
                 continue
             try:
@@ -588,7 +588,7 @@ class Simulator:
         return ledger
 
     def _ledger_file(self) -> Any:
-        path = None if self.out_dir is None else self.out_dir / LEDGER
+        path = None if self.out_dir is None else self.out_dir / runs.PRIVACY_LEDGER
         if path is None or not path.exists() or not self.privacy.active:
             return None
         try:
@@ -713,6 +713,8 @@ class Simulator:
         if status == "completed":
             novel_adapted = self.evaluate_novel_adapted()
         result = self._result(history, status, novel_adapted)
+        for flag in result.flags:
+            log.warning(flag)
         for tracker in self.trackers:
             tracker.end(result)
         if self.out_dir:
@@ -774,17 +776,55 @@ class Simulator:
         malicious = self.setup.clients.attack.malicious
         trivial = self.trivial[fed.train_client_ids]
         scored = best.get("per_client", {})
+        isolated = self._isolated_novel_clients()
         per_client = {name: {**scored.get(name, {"val": None, "test": None}),
                              "trivial_test": _finite(self.trivial[i]), "novel": bool(fed.novel_mask[i]),
+                             **({"no_graph_neighbours": True} if i in isolated else {}),
                              **({"malicious": bool(malicious[i])} if self.setup.clients.attack.active else {})}
                       for i, name in enumerate(fed.client_names)}
         early = ({"round": self.stopped_early, "patience": self.config.train.patience,
                   "min_delta": self.config.train.min_delta} if self.stopped_early is not None else None)
         chosen = {metric: {"val_mean": best.get(f"val_{metric}_mean"), "test_mean": best.get(f"test_{metric}_mean")}
                   for metric in self.metrics}
-        return {"per_client": per_client, "trivial_test_mean": _mean_std(trivial)[0], "stopped_early": early,
+        return {"per_client": per_client, "flags": self._flags(per_client),
+                "trivial_test_mean": _mean_std(trivial)[0], "stopped_early": early,
                 "models_note": self.models_note, "metrics": chosen or None,
                 "select_by": self.select_by}
+
+    def _isolated_novel_clients(self) -> set[int]:
+        """Novel clients the method's client graph links to no training client (their model is a guess from nothing
+        the federation learned about them: Panacea's inferred graph never links a client that never uploaded)."""
+        fed = self.setup.federation
+        if not len(fed.novel_client_ids):
+            return set()
+        graph = self.setup.method.collaboration_graph()
+        if graph is None or graph.ndim != 2:
+            return set()
+        links = graph[fed.novel_client_ids][:, fed.train_client_ids].abs().sum(1).cpu()
+        return {int(client) for client, total in zip(fed.novel_client_ids, links, strict=True) if float(total) == 0}
+
+    def _flags(self, per_client: dict[str, dict[str, Any]]) -> list[str]:
+        """One sentence per thing a reader of this run's numbers must know (logged at the end of the run)."""
+        metric, higher = self.setup.federation.metric, HIGHER_IS_BETTER[self.setup.federation.metric]
+        novel = {name: scores for name, scores in per_client.items() if scores.get("novel")}
+        isolated = [name for name, scores in novel.items() if scores.get("no_graph_neighbours")]
+        below = [f"{name} ({scores['test']:.4g} against {scores['trivial_test']:.4g})"
+                 for name, scores in novel.items()
+                 if scores.get("test") is not None and scores.get("trivial_test") is not None
+                 and (scores["test"] < scores["trivial_test"] if higher else scores["test"] > scores["trivial_test"])]
+
+        def listed(names: list[str]) -> str:
+            return ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+
+        flags = []
+        if isolated:
+            flags.append(f"novel client(s) with no neighbour among the training clients in the method's client "
+                         f"graph: {listed(isolated)}; their model is the method's guess for clients it knows nothing "
+                         f"of (give the dataset's graph, or check dataset.graph)")
+        if below:
+            flags.append(f"novel client(s) scoring below their trivial predictor ({metric} against predicting their "
+                         f"training {'majority class' if higher else 'mean'}): {listed(below)}")
+        return flags
 
     def _privacy_record(self) -> dict[str, Any]:
         """What the run spent, from the accounting library over every release it made (its ledger, not the rounds

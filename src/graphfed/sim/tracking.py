@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from graphfed.config import ConfigError, RunConfig
-from graphfed.runs import RunResult, atomic_write_text
+from graphfed.runs import METRICS_CSV, RunResult, atomic_write_text
 
 #: backend -> (module it needs, the pip extra that installs it)
 REQUIREMENTS = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow"),
@@ -82,7 +82,7 @@ class CsvTracker:
     """``metrics.csv``: one row per evaluation (the columns of the first evaluation, in order)."""
 
     def __init__(self, out_dir: Path) -> None:
-        self.path = out_dir / "metrics.csv"
+        self.path = out_dir / METRICS_CSV
         self.rows: list[dict[str, Any]] = []
 
     def start(self, config: RunConfig, history: list[dict[str, Any]]) -> None:

@@ -118,18 +118,29 @@ def build(cfg: DatasetConfig, streams: Streams) -> Federation:
                       description=description, client_groups=groups)
 
 
+def _gray(cfg: DatasetConfig) -> tuple[tuple[int, ...], int]:
+    return (1, 28, 28), 10
+
+
+def _colour(cfg: DatasetConfig) -> tuple[tuple[int, ...], int]:
+    if cfg.name != "cifar100":
+        return (3, 32, 32), 10
+    return (3, 32, 32), 100 if cfg.labels == "fine" else 20
+
+
 REGISTRY = (
     DatasetInfo("mnist", "MNIST 28x28 digits, train+test pooled (70k), partitioned over dataset.num_clients clients "
-                "(default 20, no graph)", "classification", build),
+                "(default 20, no graph)", "classification", build, _gray),
     DatasetInfo("fashion-mnist", "Fashion-MNIST 28x28, train+test pooled (70k), partitioned over dataset.num_clients "
-                "clients (default 20, no graph)", "classification", build),
+                "clients (default 20, no graph)", "classification", build, _gray),
     DatasetInfo("fashion-mnist-casestudy", "Fashion-MNIST in FedAGHN's case-study split: 20 clients in 5 groups of "
-                "4; 80% of the data by group classes, 20% IID; client groups recorded", "classification", build),
+                "4; 80% of the data by group classes, 20% IID; client groups recorded", "classification", build,
+                _gray),
     DatasetInfo("cifar10", "CIFAR-10 32x32 RGB, 10 classes, train+test pooled (60k), partitioned over "
                 "dataset.num_clients clients (default 20, no graph); the JPEG re-encoding (cifar10-jpeg/, decoded "
                 "once into a cached .npz) where present, else the official binary version (cifar10/)",
-                "classification", build),
+                "classification", build, _colour),
     DatasetInfo("cifar100", "CIFAR-100 32x32 RGB (official binary version), 100 fine classes (dataset.labels: "
                 "coarse for the 20 superclasses), train+test pooled (60k), partitioned over dataset.num_clients "
-                "clients (default 20, no graph)", "classification", build),
+                "clients (default 20, no graph)", "classification", build, _colour),
 )
