@@ -18,11 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+from graphfed.report.suite import StaleOf
 from graphfed.runs import RunResult
 
 ROOT = Path(__file__).resolve().parent
@@ -120,18 +121,16 @@ def percent(value: float | None) -> str:
 
 @dataclass
 class Runs:
-    """The suite's completed runs by (section, method), judged against the code that writes the report."""
+    """The suite's completed runs by (section, method); ``stale_of`` says why a run is not one of today's code."""
 
     results: dict[tuple[str, str], list[RunResult]]
-    reference_code: str
+    stale_of: StaleOf = field(default=lambda key, method, run: None)
 
     def of(self, section: str, method: str) -> list[RunResult]:
         return [run for run in self.results.get((section, method), []) if run.completed]
 
     def stale(self, section: str, method: str) -> bool:
-        from graphfed.provenance import code_id_of
-
-        return any(code_id_of(run) != self.reference_code for run in self.of(section, method))
+        return any(self.stale_of(section, method, run) for run in self.of(section, method))
 
     def label(self, text: str, section: str, method: str) -> str:
         return f"{text} †" if self.stale(section, method) else text
@@ -162,16 +161,18 @@ class Runs:
                 f"{percent(fmean(means))}{spread} (n={len(means)})"]
 
 
-def load_runs(reference_code: str) -> tuple[Runs, list[str]]:
-    """The suite's runs and the verdict table (the reproduction report's rule, on the suite's claims)."""
-    from graphfed.bench import finished_results
+def load_runs() -> tuple[Runs, list[str]]:
+    """The suite's runs (each judged against its cell's config and today's code) and the verdict table (the
+    reproduction report's rule, on the suite's claims)."""
+    from graphfed.bench import finished_results, stale_judge
     from graphfed.report.suite import report_sections, verdict_table
     from graphfed.suites import load_suite
 
     suite = load_suite(SUITE)
     cells, results = finished_results(suite, RESULTS)
-    _, tables = report_sections(suite, cells, results, RESULTS, plots=False, reference_code=reference_code)
-    return Runs(results, reference_code), verdict_table(suite, tables)
+    stale_of = stale_judge(cells)
+    _, tables = report_sections(suite, cells, results, RESULTS, plots=False, stale_of=stale_of)
+    return Runs(results, stale_of), verdict_table(suite, tables)
 
 
 def gap_rows(runs: Runs) -> list[str]:
@@ -324,14 +325,12 @@ def simple_rows(runs: Runs, rows: list[tuple[str, str, str]], archs: list[str]) 
             for label, section, method in rows]
 
 
-def render(reference_code: str | None = None, loaded: tuple[Runs, list[str]] | None = None) -> str:
+def render(loaded: tuple[Runs, list[str]] | None = None) -> str:
     """The report's text, from the run directories alone (or ``loaded``: what :func:`load_runs` read from them);
-    runs whose code id is not ``reference_code`` (default: the running code's) are marked stale (†)."""
-    from graphfed.provenance import code_provenance
+    runs that today's code would not make alike are marked stale (†)."""
     from graphfed.report.suite import code_line
 
-    reference_code = reference_code or str(code_provenance()["code_id"])
-    runs, verdicts = loaded or load_runs(reference_code)
+    runs, verdicts = loaded or load_runs()
     gnn_effect = versus(runs, ("t2", "gnn6"), ("t2", "gnn0"), ("With the GNN", "without"))
     arch_header = "| Arch 0 | Arch 1 | Arch 2 | Arch 3 | mean ± std over seeds |"
     lines = ["# FLHA-GHN on a 2-core CPU: the paper's experiments at a reduced budget", "",
@@ -349,7 +348,7 @@ def render(reference_code: str | None = None, loaded: tuple[Runs, list[str]] | N
              "cell, and each row says how many it has. FLHA-GHN evaluates generated weights after one epoch refining "
              "the head (paper Sec. 4.2). A cell that has not fitted the CPU time reads *not run* (a run takes 2-6 "
              "minutes on 2 cores); `graphfed bench ... --plan` lists such cells with their estimated time.", "",
-             code_line(runs.results, reference_code) + " Runs that predate recorded code ids (`unrecorded`) scored "
+             code_line(runs.results, runs.stale_of) + " Runs that predate recorded code ids (`unrecorded`) scored "
              "BatchNorm networks in 256-row blocks of class-sorted rows, so their scores depended on row order; no "
              "claim below rests on one.", "",
              *verdicts,
@@ -408,13 +407,10 @@ def render(reference_code: str | None = None, loaded: tuple[Runs, list[str]] | N
 
 
 def report() -> None:
-    from graphfed.provenance import code_provenance
-
-    reference_code = str(code_provenance()["code_id"])
-    loaded = load_runs(reference_code)  # read the runs once for the plot and the text
+    loaded = load_runs()  # read the runs once for the plot and the text
     plot_loo(loaded[0])
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "report.md").write_text(render(reference_code, loaded))
+    (RESULTS / "report.md").write_text(render(loaded))
     print(f"wrote {RESULTS / 'report.md'}")
 
 

@@ -19,7 +19,13 @@
    (``train.client_data: host``, for data larger than the device): equal summaries, and what the copies cost.
 6. **profile**: graphfed's pfl-research round and a short FedAGHN CIFAR-10 round under torch.profiler: kernel
    launches, host waits and copies in the JSON, the op tables in ``profile-*.txt`` beside it.
-7. **sensitivity** (not in the default parts; any machine, ``--device cpu``): how far one round of each method's
+7. **pack**: the FedAGHN CIFAR-10 Dir(0.1) section of ``paper-gpu.yaml`` at its own settings for a few rounds, its
+   seeds run one after another and as packs of S = 5, 10, 20 (``graphfed.sim.pack``: every run's clients in one
+   batched call per round): runs per hour of the paper's 200 rounds, projected from the steady rounds, and the ratio
+   packed over sequential. The issue's target: >= 10x at S = 20. (The paper-budget runs themselves are ``graphfed
+   bench benchmarks/suites/paper-gpu.yaml --datasets fedaghn-cifar10-dir0.1 --methods fedaghn,local --seeds 5``,
+   which packs each method's seeds and resumes by run.)
+8. **sensitivity** (not in the default parts; any machine, ``--device cpu``): how far one round of each method's
    tiny config moves on the CPU when every op's result is off by a rounding-sized amount (:class:`RoundingNoise`):
    the yardstick parity uses where summaries differ. FLHA-GHN's deep width-4 networks on a few rows amplify
    rounding about 10^4-fold, FedAvg's MLP not at all.
@@ -76,7 +82,9 @@ QUICK_METHODS = ("fedavg", "panacea", "fedaghn")
 DETERMINISM_METHODS = ("fedbn", "panacea", "fedaghn", "flha-ghn")
 #: methods run with their clients' rows left in host memory (``train.client_data: host``) beside on the device
 HOST_ROWS_METHODS = ("fedavg", "panacea", "fedaghn", "fedbn")
-DEFAULT_PARTS = ("parity", "throughput", "projection", "determinism", "host_rows", "profile")
+DEFAULT_PARTS = ("parity", "throughput", "projection", "determinism", "host_rows", "profile", "pack")
+#: pack sizes the pack part measures (the quick CPU run: 1 and 2)
+PACK_SIZES = (1, 5, 10, 20)
 PARTS = (*DEFAULT_PARTS, "sensitivity")
 
 
@@ -321,6 +329,42 @@ def projection(device: torch.device, quick: bool, sections: list[str] | None,
               f"{row['projected_minutes']:.1f} min for {rounds} rounds", flush=True)
 
 
+def pack(device: torch.device, quick: bool, record: Callable[[dict[str, Any]], None]) -> None:
+    """Runs per hour of FedAGHN's CIFAR-10 Dir(0.1) section at the paper's budget, one run after another (S = 1) and
+    packed: each size runs 3 rounds (the first one warms up), the steady round projected to the section's rounds."""
+    from graphfed.sim.pack import Pack
+
+    suite = load_suite(HERE / "suites" / "paper-gpu.yaml")
+    key = "fedaghn-cifar10-dir0.1"
+    cell = next(cell for cell in suite_cells(suite, [key], ["fedaghn"], seeds=1))
+    rounds = cell.config.train.rounds
+    # evaluated every round, as the projection part: the projected time is an upper bound
+    overrides = ["train.rounds=3", "train.eval_every=1", "train.checkpoint_every=3", f"train.device={device}"]
+    if quick:
+        overrides += ["train.local_steps=2", "dataset.client_fraction=0.02", "model.options={channels: 4, hidden: 16}"]
+    base = cell.config.model_dump(mode="json", exclude_unset=True)
+    sequential = None
+    for size in (1, 2) if quick else PACK_SIZES:
+        configs = [validate_config(apply_overrides({**base, "seed": seed}, overrides)) for seed in range(size)]
+        try:
+            with tempfile.TemporaryDirectory() as out_dir:
+                dirs = [Path(out_dir) / f"seed{seed}" for seed in range(size)]
+                Pack(configs, list(dirs), batched=size > 1).run()
+                walls = [[entry["wall_seconds"] for entry in RoundLog(folder).read()] for folder in dirs]
+        except DataMissingError as error:
+            record({"section": key, "runs": size, "skipped": str(error).split(";")[0]})
+            return
+        # each member's wall time is its share of the pack's: the pack's steady round is their sum
+        steady = sum((wall[-1] - wall[0]) / 2 for wall in walls)
+        per_hour = size * 3600 / (steady * rounds)
+        sequential = sequential or per_hour
+        row = {"section": key, "runs": size, "rounds_projected": rounds, "steady_round_seconds": steady,
+               "runs_per_hour": per_hour, "over_sequential": per_hour / sequential, "quick": quick}
+        record(row)
+        print(f"pack {key} S={size}: a round of all {size} runs {steady:.2f} s -> {per_hour:.1f} runs per hour at "
+              f"{rounds} rounds ({row['over_sequential']:.2f}x one after another)", flush=True)
+
+
 class RoundingNoise(TorchDispatchMode):
     """Every floating result of an op that computes (not a view, not in place) times ``1 + eps/2 z``, z ~ N(0, 1)
     from a seeded host generator: the CPU's own run with a rounding-sized difference in every op, which is what a
@@ -420,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
                 sensitivity(args.quick, appender(part), args.methods.split(",") if args.methods else None)
             elif part == "profile":
                 profile(device, args.quick, appender(part), args.out.parent, args.precision)
+            elif part == "pack":
+                pack(device, args.quick, appender(part))
             elif part == "throughput":
                 result["throughput"] = throughput(device, args.quick, args.repeats, args.precision)
             else:

@@ -23,7 +23,6 @@ from typing import Any
 
 import yaml
 
-from graphfed.provenance import code_id_of
 from graphfed.report.suite import current_code_id
 from graphfed.report.verdicts import TEST_NAME, compare_against, sample_std
 from graphfed.runs import RunResult, read_result
@@ -146,23 +145,12 @@ def spent_table(data: dict[str, Any]) -> list[str]:
 
 
 def provenance_section(data: dict[str, Any]) -> list[str]:
-    """Which code made the runs: those from other code than this report's are stale until re-run (a table row
-    mixes them only where listed here)."""
-    current = current_code_id()
-    by_code: dict[str, list[str]] = {}
-    for cell in data["datasets"]:
-        for method in data["datasets"][cell]["methods"]:
-            for run in runs_of(cell, method):
-                by_code.setdefault(code_id_of(run), []).append(f"{cell}/{method}")
-    if set(by_code) <= {current}:
-        return [f"Every run is from this report's code ({current})."]
-    lines = [f"This report's code is {current}. Runs from other code are **stale** until re-run (`graphfed bench` "
-             f"on the suite re-runs them unless told --keep-stale); they are kept, and counted here:", ""]
-    for code, cells in sorted(by_code.items(), key=lambda item: item[0] != current):
-        names = sorted(set(cells))
-        label = "this report's code" if code == current else "stale"
-        lines.append(f"- `{code}` ({label}): {len(cells)} runs, in {', '.join(names)}")
-    return lines
+    """Which runs are current (their code's behaviour and modules are today's) and why the others are stale (a table
+    row mixes them only where listed here)."""
+    from graphfed.bench import code_sentence
+
+    return [code_sentence([RESULTS / "runs" / cell / method / f"seed{run.seed}" for cell in data["datasets"]
+                           for method in data["datasets"][cell]["methods"] for run in runs_of(cell, method)])]
 
 
 def audit_verdict(row: dict[str, Any]) -> str:

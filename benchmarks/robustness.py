@@ -348,16 +348,10 @@ def budget(data: dict[str, Any], key: str) -> str:
 
 
 def provenance_line() -> str:
-    """Which code produced the runs (each summary's code id; runs made before provenance have none)."""
-    from collections import Counter
+    """Which runs are current (their code's behaviour and modules are today's) and why the others are stale."""
+    from graphfed.bench import code_sentence
 
-    from graphfed.provenance import code_id_of
-
-    ids = Counter(code_id_of(read_result(path.parent))
-                  for path in sorted((RESULTS / "runs").glob("*/*/seed*/summary.json")))
-    return ("**Code.** Runs by the code id that produced them (`code` in each summary.json; `unrecorded`: made "
-            "before runs recorded it, so stale against any code id of today and to be re-run): "
-            + ", ".join(f"`{code}` {count}" for code, count in sorted(ids.items())) + ".")
+    return code_sentence([path.parent for path in sorted((RESULTS / "runs").glob("*/*/seed*/summary.json"))])
 
 
 def render() -> str:

@@ -318,34 +318,35 @@ def _edit_summary(out: Path, method: str, seed: int, **changes: object) -> dict:
 
 
 def test_bench_reruns_a_cell_from_other_code_unless_told_to_keep_it_and_the_report_marks_it(tmp_path: Path) -> None:
-    """summary.json records the code id; a finished cell whose code id is not today's is run again, or, with
-    keep_stale, kept and marked stale (†) in its table with its code id."""
-    from graphfed.provenance import code_provenance
+    """summary.json records the code a run ran (its engine's behaviour, its own modules); a finished cell whose
+    engine behaved otherwise is run again, or, with keep_stale, kept and marked stale (†) in its table with why."""
+    from graphfed.provenance import behaviour
 
     suite = _tiny_fln_suite(tmp_path, "provenance", 1, ["fedavg"])
     out = tmp_path / "out"
     run_suite(suite, out, in_process=True, echo=lambda line: None)
     summary_path = out / "runs" / "fln" / "fedavg" / "seed0" / "summary.json"
     summary = json.loads(summary_path.read_text())
-    assert summary["code"] == code_provenance() and len(summary["code"]["code_id"]) == 16
+    assert summary["code"]["behaviour"] == behaviour() and len(summary["code"]["code_id"]) == 16
+    assert {"methods/fedavg.py", "models/mlp.py", "data/datasets/fl_n.py"} <= set(summary["code"]["modules"])
     lines: list[str] = []
     run_suite(suite, out, in_process=True, echo=lines.append)
     assert any("done before, skipped" in line for line in lines)  # today's code: reused
 
-    _edit_summary(out, "fedavg", 0, code={**summary["code"], "code_id": "0123456789abcdef"})
+    _edit_summary(out, "fedavg", 0, code={**summary["code"], "behaviour": "0123456789abcdef"})
+    why = f"the engine behaves otherwise (behaviour 0123456789abcdef, today {behaviour()})"
     lines.clear()
     report, _ = run_suite(suite, out, in_process=True, echo=lines.append, keep_stale=True)
-    assert any("by other code (0123456789abcdef), kept" in line for line in lines)
+    assert any(f"by other code ({why}), kept" in line for line in lines)
     text = report.read_text()
-    assert "| fedavg † |" in text and "fedavg` 1 of 1 (code 0123456789abcdef)" in text
-    assert "1 of 1 runs are from other code (0123456789abcdef)" in text
+    assert "| fedavg † |" in text and f"fedavg` 1 of 1 ({why})" in text
+    assert f"1 of 1 runs are stale ({why}: 1)" in text
 
     lines.clear()
     report, _ = run_suite(suite, out, in_process=True, echo=lines.append)  # default: refuse to reuse, run again
-    assert any("finished by other code (code id 0123456789abcdef" in line and "running again" in line
-               for line in lines)
-    assert json.loads(summary_path.read_text())["code"]["code_id"] == code_provenance()["code_id"]
-    assert "| fedavg |" in report.read_text() and "All 1 runs are from that code." in report.read_text()
+    assert any(f"finished by other code ({why})" in line and "running again" in line for line in lines)
+    assert json.loads(summary_path.read_text())["code"]["behaviour"] == behaviour()
+    assert "| fedavg |" in report.read_text() and "All 1 runs are current." in report.read_text()
 
 
 def test_plan_counts_current_stale_and_missing_runs_and_their_time_without_running(tmp_path: Path) -> None:
@@ -356,13 +357,14 @@ def test_plan_counts_current_stale_and_missing_runs_and_their_time_without_runni
     out = tmp_path / "out"
     run_suite(suite, out, methods=["fedavg"], in_process=True, echo=lambda line: None)
     code = json.loads((out / "runs" / "fln" / "fedavg" / "seed1" / "summary.json").read_text())["code"]
-    _edit_summary(out, "fedavg", 1, code={**code, "code_id": "0123456789abcdef"}, wall_seconds=30.0)
+    changed = {**code["modules"], "methods/fedavg.py": "0123456789abcdef"}  # the method's own file changed since
+    _edit_summary(out, "fedavg", 1, code={**code, "modules": changed}, wall_seconds=30.0)
     _edit_summary(out, "fedavg", 0, wall_seconds=10.0)
     before = sorted(path.relative_to(out) for path in out.rglob("*"))
 
     (section,) = plan_suite(suite, out)
     assert (section.dataset, section.current, dict(section.stale), section.missing) == (
-        "fln", 1, {"0123456789abcdef": 1}, 2)
+        "fln", 1, {"methods/fedavg.py changed": 1}, 2)
     # the stale run: its own 30 s; local's two missing runs: the section's mean (no local run finished), 20 s each
     assert section.to_run == 3 and section.seconds == 30.0 + 2 * 20.0 and section.unestimated == 0
     (only_fedavg,) = plan_suite(suite, out, methods=["fedavg"])
@@ -370,13 +372,15 @@ def test_plan_counts_current_stale_and_missing_runs_and_their_time_without_runni
 
     result = CliRunner().invoke(app, ["bench", str(suite), "--out", str(out), "--plan"])
     assert result.exit_code == 0, result.output
-    assert "01234567: 1" in result.output and "0.0 h" in result.output
+    assert "fln: methods/fedavg.py changed: 1" in result.output and "0.0 h" in result.output
     assert sorted(path.relative_to(out) for path in out.rglob("*")) == before  # nothing run, nothing written
 
 
 def test_a_report_rewrite_lists_a_stopped_run_as_not_completed_never_as_not_run(tmp_path: Path) -> None:
     """A run that stopped (say, on a NaN update) is part of the evidence: ``--report-only`` names it and why, as the
     invocation that ran it did, rather than calling the cell not run."""
+    from graphfed.provenance import behaviour
+
     suite = _tiny_fln_suite(tmp_path, "stopped", 1, ["fedavg", "local"])
     out = tmp_path / "out"
     run_suite(suite, out, in_process=True, echo=lambda line: None)
@@ -396,9 +400,10 @@ def test_a_report_rewrite_lists_a_stopped_run_as_not_completed_never_as_not_run(
                for line in lines)
     assert not any("running" in line for line in lines)
     code = json.loads((out / "runs" / "fln" / "local" / "seed0" / "summary.json").read_text())["code"]
-    _edit_summary(out, "local", 0, code={**code, "code_id": "0123456789abcdef"})
+    _edit_summary(out, "local", 0, code={**code, "behaviour": "0123456789abcdef"})
     (section,) = plan_suite(suite, out)
-    assert dict(section.stale) == {"0123456789abcdef": 1} and section.to_run == 1
+    assert list(section.stale) == [f"the engine behaves otherwise (behaviour 0123456789abcdef, today "
+                                   f"{behaviour()})"] and section.to_run == 1
     lines.clear()
     run_suite(suite, out, methods=["local"], in_process=True, echo=lines.append)
     assert any("local seed 0: finished by other code" in line for line in lines)
@@ -438,15 +443,14 @@ def test_regression_table_adds_mae_in_data_units_mean_and_std_over_seeds(tmp_pat
 
 def _regenerated_body(suite_path: Path, out: Path) -> tuple[Suite, list[Cell], str, dict[str, list[RunResult]]]:
     """What the report writer makes of the committed runs in ``out``: (suite, cells, the report's sections and
-    deviations as one text, table rows). Stale marks are relative to the code that wrote the report (its
-    report.json), so later commits do not move them."""
-    from graphfed.bench import finished_results
+    deviations as one text, table rows). Stale marks are today's judgement of each run (its engine's behaviour and
+    its own modules): a change that stales a run must come with the report regenerated."""
+    from graphfed.bench import finished_results, stale_judge
     from graphfed.report.suite import deviations_section, report_sections
 
     suite = load_suite(suite_path)
     cells, results = finished_results(suite, out)
-    written_by = json.loads((out / "report.json").read_text())["code"]["code_id"]
-    sections, tables = report_sections(suite, cells, results, out, plots=False, reference_code=written_by)
+    sections, tables = report_sections(suite, cells, results, out, plots=False, stale_of=stale_judge(cells))
     return suite, cells, "\n".join(sections + deviations_section(suite)), tables
 
 

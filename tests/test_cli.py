@@ -213,15 +213,15 @@ def test_resume_from_the_cli_finishes_an_interrupted_run(config_file: Path, tmp_
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """An interrupted ``graphfed run`` exits 130; ``graphfed run --resume`` on the same --out completes it with
     the same summary as an uninterrupted run and no round logged twice."""
-    original = Simulator.run_round
+    original = Simulator.round_steps
 
-    def interrupted(self: Simulator, index: int) -> dict[str, float]:
+    def interrupted(self: Simulator, index: int):  # type: ignore[no-untyped-def]
         if index == 4:
             raise KeyboardInterrupt
-        return original(self, index)
+        return (yield from original(self, index))
 
     out = tmp_path / "run"
-    monkeypatch.setattr(Simulator, "run_round", interrupted)
+    monkeypatch.setattr(Simulator, "round_steps", interrupted)
     first = invoke("run", config_file, "--out", out, "--no-progress")
     assert first.exit_code == 130
     monkeypatch.undo()
@@ -241,10 +241,11 @@ def test_interrupted_run_tells_the_user_how_to_resume(config_file: Path, tmp_pat
     Typer turns KeyboardInterrupt into a silent Exit(130) inside app(), so main()'s own handler (and its hint)
     must not be bypassed."""
 
-    def interrupted(self: Simulator, index: int) -> dict[str, float]:
+    def interrupted(self: Simulator, index: int):  # type: ignore[no-untyped-def]
         raise KeyboardInterrupt
+        yield  # a generator, as the round's steps are
 
-    monkeypatch.setattr(Simulator, "run_round", interrupted)
+    monkeypatch.setattr(Simulator, "round_steps", interrupted)
     monkeypatch.setattr(sys, "argv", ["graphfed", "run", str(config_file), "--out", str(tmp_path / "run"),
                                       "--no-progress"])
     with pytest.raises(SystemExit) as exited:

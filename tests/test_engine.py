@@ -63,15 +63,15 @@ def test_different_seed_gives_different_numbers(make_config: ConfigFactory) -> N
 
 
 def interrupt_at(monkeypatch: pytest.MonkeyPatch, round_index: int) -> None:
-    """Make ``Simulator.run_round`` raise KeyboardInterrupt when it reaches ``round_index`` (0-based)."""
-    original = Simulator.run_round
+    """Make a round raise KeyboardInterrupt when it reaches ``round_index`` (0-based)."""
+    original = Simulator.round_steps
 
-    def run_round(self: Simulator, index: int) -> dict[str, float]:
+    def round_steps(self: Simulator, index: int):  # type: ignore[no-untyped-def]
         if index == round_index:
             raise KeyboardInterrupt
-        return original(self, index)
+        return (yield from original(self, index))
 
-    monkeypatch.setattr(Simulator, "run_round", run_round)
+    monkeypatch.setattr(Simulator, "round_steps", round_steps)
 
 
 @pytest.mark.parametrize("method", ["panacea", "ditto", "fedrep", "fedala", "fedrod", "pfedme", "per-fedavg", "fedcp",

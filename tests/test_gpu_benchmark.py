@@ -54,6 +54,11 @@ def test_the_quick_cpu_run_measures_parity_throughput_and_projection(tmp_path: P
     assert all(row["aten_ops"] > 100 and row["kernel_launches"] == 0 for row in result["profile"])
     assert "aten::" in (tmp_path / "profile-pfl-cifar10.txt").read_text()
     assert "sensitivity" not in result  # CPU-only, asked for by name
+    # packs of FedAGHN's CIFAR-10 section: S = 1 is the sequential reference, S = 2 its packed ratio
+    assert [row["runs"] for row in result["pack"]] == [1, 2]
+    single, packed = result["pack"]
+    assert single["over_sequential"] == 1.0 and packed["runs_per_hour"] > 0
+    assert packed["over_sequential"] == packed["runs_per_hour"] / single["runs_per_hour"]
 
 
 def test_rounding_sensitivity_tells_a_rounding_amplifier_from_a_stable_method(tmp_path: Path) -> None:

@@ -14,7 +14,8 @@ import torch
 
 from conftest import ConfigFactory
 from graphfed.export import client_state
-from graphfed.sim.engine import BYTES_PER_VALUE, Simulator
+from graphfed.sim.engine import Simulator
+from graphfed.sim.stages import BYTES_PER_VALUE
 
 #: MNIST (from ../shared/data), 4 clients at 1 % of the rows, a small CNN with BatchNorm
 FEDBN = ["dataset.name=mnist", "dataset.num_clients=4", "dataset.client_fraction=0.01", "model.name=cnn-bn",

@@ -279,7 +279,7 @@ def test_the_config_module_imports_no_registry() -> None:
 def test_row_standard_error_matches_a_bootstrap_over_test_rows() -> None:
     """The recorded ``test_row_se`` is what resampling each client's test rows does to the mean over clients."""
     from graphfed.client.evaluation import ClientScores
-    from graphfed.sim.engine import _row_standard_error
+    from graphfed.sim.observe import row_standard_error as _row_standard_error
 
     generator = torch.Generator().manual_seed(0)
     counts = torch.tensor([40, 120, 15, 300])

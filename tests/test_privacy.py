@@ -333,15 +333,15 @@ def test_an_interrupted_and_resumed_run_counts_the_rounds_it_released_twice(make
     again by the second, so epsilon composes 8 + 7 = 15 releases (the ledger travels beside the checkpoint)."""
     config = private(make_config, "central", "privacy.noise_multiplier=1.0", "train.rounds=12")
     out = tmp_path / "run"
-    real = Simulator.run_round
+    real = Simulator.round_steps
 
     def interrupting(self: Simulator, round_index: int):  # type: ignore[no-untyped-def]
         if round_index == 8:
             raise KeyboardInterrupt
-        return real(self, round_index)
+        return (yield from real(self, round_index))
 
     with pytest.MonkeyPatch.context() as patch, pytest.raises(KeyboardInterrupt):
-        patch.setattr(Simulator, "run_round", interrupting)
+        patch.setattr(Simulator, "round_steps", interrupting)
         Simulator(config, out, progress=False).run()
     assert json.loads((out / "privacy.json").read_text())["central_releases"] == 8
     result = Simulator(config, out, progress=False).run(resume=True)
@@ -634,10 +634,10 @@ def test_adaptive_clipping_spends_part_of_the_noise_on_the_count_and_accounts_th
 def test_the_adaptive_clip_settles_at_the_target_quantile_of_the_update_norms(make_config: ConfigFactory) -> None:
     """Without noise, every client every round: over the last rounds about half the updates fall within the clip
     (target quantile 0.5), from a first clip 100 times too large."""
-    from graphfed.sim import engine
+    from graphfed.sim import stages
 
     shares: list[float] = []
-    real = engine.next_clip
+    real = stages.next_clip
 
     def recording(delta, clip_norm, plan, expected, seed, round_index):  # type: ignore[no-untyped-def]
         shares.append(float((torch.linalg.vector_norm(delta, dim=1) <= clip_norm).double().mean()))
@@ -647,7 +647,7 @@ def test_the_adaptive_clip_settles_at_the_target_quantile_of_the_update_norms(ma
                      "privacy.adaptive_quantile=0.5", "privacy.clip_learning_rate=0.5", "train.rounds=80",
                      "train.eval_every=80", "train.clients_per_round=100", "dataset.novel_fraction=0")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(engine, "next_clip", recording)
+        patch.setattr(stages, "next_clip", recording)
         result = Simulator(config, progress=False).run()
     assert shares[0] == 1.0  # the first clip bounds nobody
     assert 0.3 <= sum(shares[-20:]) / 20 <= 0.7

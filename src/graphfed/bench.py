@@ -13,6 +13,7 @@ By default each cell runs in a fresh ``graphfed run`` process, which isolates fa
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -30,10 +31,10 @@ from typing import Any
 from graphfed import runs
 from graphfed.config import ConfigError, RunConfig, dump_config, load_config, same_run
 from graphfed.errors import GraphfedError, UntrustedInputError
-from graphfed.provenance import code_id_of
-from graphfed.report.suite import NOT_RUN, current_code_id, write_report
+from graphfed.provenance import stale_reason
+from graphfed.report.suite import NOT_RUN, StaleOf, write_report
 from graphfed.runs import RunResult
-from graphfed.setup import resolve_method
+from graphfed.setup import resolve_method, run_roots
 from graphfed.sim import checkpoint
 from graphfed.suites import Cell, Suite, load_suite, suite_cells
 
@@ -148,20 +149,26 @@ def _stop(processes: list[subprocess.Popen[str]]) -> None:
             process.kill()
 
 
-def _reuse_or_plan(cell: Cell, directory: Path, today: str, keep_stale: bool,
+def stale(summary: RunResult, config: RunConfig) -> str | None:
+    """Why a finished run of ``config`` is not a run of today's code (:func:`graphfed.provenance.stale_reason`: its
+    engine's behaviour or one of its own modules changed), or None when it is."""
+    return stale_reason(summary.code, run_roots(config), private=config.privacy.mechanism != "none")
+
+
+def _reuse_or_plan(cell: Cell, directory: Path, keep_stale: bool,
                    label: str, echo: Any) -> tuple[RunResult | None, bool]:
     """The cell's ended summary when it is reused (echoes why), else ``(None, resume)``: how it must run."""
     same_config = _same_config(directory, cell.config)  # read config.yaml once per cell
     recorded = _read_summary(directory) if same_config else None
     ended = recorded if recorded is not None and _ended(recorded) else None
     summary = ended if ended is not None and _ran_with_options(ended, cell.config) else None
-    stale = summary is not None and code_id_of(summary) != today
-    if summary is not None and (keep_stale or not stale):
+    why = stale(summary, cell.config) if summary is not None else None
+    if summary is not None and (keep_stale or why is None):
         before = "done before" if summary.completed else f"ended before ({summary.status})"
-        echo(f"{label}: {before}{f' by other code ({code_id_of(summary)}), kept' if stale else ''}, skipped")
+        echo(f"{label}: {before}{f' by other code ({why}), kept' if why else ''}, skipped")
         return summary, False
-    if stale:
-        echo(f"{label}: finished by other code (code id {code_id_of(summary)}; today {today}), running again")
+    if why:
+        echo(f"{label}: finished by other code ({why}), running again")
     # a run completed under other method defaults or other code starts over rather than resuming
     resume = same_config and ended is None and (directory / checkpoint.CHECKPOINT).is_file()
     echo(f"{label}: {'resuming' if resume else 'running'} ...")
@@ -178,17 +185,98 @@ def _run_cell(cell: Cell, directory: Path, resume: bool, in_process: bool) -> Ru
     return summary
 
 
+#: a pack's cells (their configs differ in the seed only), their directories and whether each resumes
+PackJob = list[tuple[Cell, Path, bool]]
+
+
+def _run_pack_in_process(job: PackJob) -> list[RunResult]:
+    from graphfed.sim.pack import Pack
+
+    return Pack([cell.config for cell, _, _ in job], [directory for _, directory, _ in job]).run(
+        [resume for _, _, resume in job])
+
+
+def _run_pack_in_subprocess(job: PackJob) -> list[RunResult]:
+    """The pack in a fresh ``graphfed run-pack`` process (each cell's config written beside its run)."""
+    entries = []
+    for cell, directory, resume in job:
+        directory.mkdir(parents=True, exist_ok=True)
+        runs.atomic_write_text(directory / "cell.yaml", dump_config(cell.config))
+        entries.append({"config": str(directory / "cell.yaml"), "out": str(directory), "resume": resume})
+    pack_file = job[0][1].parent / "pack.json"
+    runs.atomic_write_text(pack_file, json.dumps(entries, indent=1) + "\n")
+    process = subprocess.Popen([sys.executable, "-m", "graphfed.cli", "run-pack", str(pack_file)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with _RUNNING_LOCK:
+        _RUNNING.add(process)
+    try:
+        stdout, stderr = process.communicate()
+    except BaseException:
+        _stop([process])
+        raise
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING.discard(process)
+        pack_file.unlink(missing_ok=True)
+    results = []
+    for _, directory, _ in job:
+        try:
+            results.append(runs.read_result(directory))
+        except (OSError, UntrustedInputError):
+            last_lines = (stderr or stdout).strip().splitlines()[-3:]
+            results.append(RunResult(status=f"failed (exit {process.returncode}): "
+                                            f"{' / '.join(last_lines) or 'no output'}"))
+    return results
+
+
+def _run_pack(job: PackJob, in_process: bool) -> list[RunResult]:
+    """A pack of cells (one cell: the cell alone); each summary's cell time is its share of the pack's."""
+    if len(job) == 1:
+        cell, directory, resume = job[0]
+        return [_run_cell(cell, directory, resume, in_process)]
+    begin = time.perf_counter()
+    try:
+        summaries = (_run_pack_in_process if in_process else _run_pack_in_subprocess)(job)
+    except GraphfedError as err:
+        summaries = [RunResult(status=f"failed: {err}") for _ in job]
+    share = round((time.perf_counter() - begin) / len(job), 1)
+    for summary in summaries:
+        summary.cell_seconds = share
+    return summaries
+
+
+def _pack_jobs(cells: list[Cell], plans: list[tuple[int, Path, bool]], pack: int) -> list[list[tuple[int, Path, bool]]]:
+    """The cells to run, grouped into packs of at most ``pack`` (0: no limit) cells of one dataset key and method
+    whose configs differ in their seed only (1, or a config that cannot be packed: one cell per job)."""
+    from graphfed.sim.pack import pack_key, pack_refusal
+
+    jobs: list[list[tuple[int, Path, bool]]] = []
+    for plan in plans:
+        cell = cells[plan[0]]
+        if jobs and pack != 1 and pack_refusal(cell.config) is None:
+            last = cells[jobs[-1][0][0]]
+            if (last.dataset, last.method) == (cell.dataset, cell.method) and pack_key(last.config) == pack_key(
+                    cell.config) and (pack == 0 or len(jobs[-1]) < pack):
+                jobs[-1].append(plan)
+                continue
+        jobs.append([plan])
+    return jobs
+
+
 def _ran_line(label: str, summary: RunResult) -> str:
     return f"{label}: {summary.status}, test {summary.metric or ''} {summary.test_mean}, {summary.cell_seconds} s"
 
 
 def run_cells(cells: list[Cell], out: Path, in_process: bool = False, data_dir: Path | None = None,
-              echo: Any = print, keep_stale: bool = False, jobs: int = 1) -> dict[tuple[str, str], list[RunResult]]:
+              echo: Any = print, keep_stale: bool = False, jobs: int = 1,
+              pack: int = 0) -> dict[tuple[str, str], list[RunResult]]:
     """Run (or reuse) every cell; returns summaries by (dataset key, method). A failed cell does not stop the grid.
 
     A finished cell is reused only when the code that produced it is today's (its summary's code id); a cell from
-    other code runs again from scratch, unless ``keep_stale`` (then the report marks it stale). ``jobs`` > 1 runs
-    that many cells at once, each in its own process (not with ``in_process``); the numbers do not depend on it."""
+    other code runs again from scratch, unless ``keep_stale`` (then the report marks it stale). The seeds of a
+    (dataset, method) cell run as one pack (:mod:`graphfed.sim.pack`: their clients' calls shared, each run's numbers
+    its own) of at most ``pack`` runs (0: all; 1: none). ``jobs`` > 1 runs that many packs or cells at once, each in
+    its own process (not with ``in_process``); the numbers depend on neither."""
     if jobs > 1 and in_process:
         raise ConfigError(f"--jobs {jobs} runs each cell in its own process: leave out --in-process")
     if jobs > 1:
@@ -196,26 +284,30 @@ def run_cells(cells: list[Cell], out: Path, in_process: bool = False, data_dir: 
         if jobs * threads > (os.cpu_count() or 1):
             echo(f"note: {jobs} jobs x {threads} torch threads is more than this machine's {os.cpu_count()} CPU "
                  "cores: the cells will slow each other down (the numbers do not change)")
-    today = current_code_id()
     summaries: list[RunResult | None] = [None] * len(cells)
+    labels = [f"[{index + 1}/{len(cells)}] {cell.dataset} {cell.method} seed {cell.config.seed}"
+              for index, cell in enumerate(cells)]
+    to_run = []
+    for index, cell in enumerate(cells):
+        summaries[index], resume = _reuse_or_plan(cell, cell.directory(out), keep_stale, labels[index], echo)
+        if summaries[index] is None:
+            to_run.append((index, cell.directory(out), resume))
     with _data_dir_env(data_dir), ThreadPoolExecutor(max_workers=jobs) as pool:
-        running: dict[Future[RunResult], tuple[int, str]] = {}
+        running: dict[Future[list[RunResult]], list[int]] = {}
         try:
-            for index, cell in enumerate(cells):
-                directory = cell.directory(out)
-                label = f"[{index + 1}/{len(cells)}] {cell.dataset} {cell.method} seed {cell.config.seed}"
-                summaries[index], resume = _reuse_or_plan(cell, directory, today, keep_stale, label, echo)
-                if summaries[index] is not None:
-                    continue
+            for job in _pack_jobs(cells, to_run, pack):
+                work = [(cells[index], directory, resume) for index, directory, resume in job]
+                indices = [index for index, _, _ in job]
                 if jobs == 1:
-                    summaries[index] = _run_cell(cell, directory, resume, in_process)
-                    echo(_ran_line(label, summaries[index]))
-                else:  # a worker thread waits on the cell's process
-                    running[pool.submit(_run_cell, cell, directory, resume, False)] = (index, label)
-                    while len(running) >= jobs:  # start the next cell only when one has ended
-                        _collect(running, summaries, echo)
+                    for index, summary in zip(indices, _run_pack(work, in_process), strict=True):
+                        summaries[index] = summary
+                        echo(_ran_line(labels[index], summary))
+                else:  # a worker thread waits on the job's process
+                    running[pool.submit(_run_pack, work, False)] = indices
+                    while len(running) >= jobs:  # start the next job only when one has ended
+                        _collect(running, summaries, labels, echo)
             while running:
-                _collect(running, summaries, echo)
+                _collect(running, summaries, labels, echo)
         except BaseException:  # Ctrl-C or SIGTERM: stop the cell processes too, then report the interruption
             for future in running:
                 future.cancel()
@@ -230,19 +322,20 @@ def run_cells(cells: list[Cell], out: Path, in_process: bool = False, data_dir: 
     return results
 
 
-def _collect(running: dict[Future[RunResult], tuple[int, str]], summaries: list[RunResult | None], echo: Any) -> None:
-    """Wait for a running cell to end; record and echo each one that did."""
+def _collect(running: dict[Future[list[RunResult]], list[int]], summaries: list[RunResult | None], labels: list[str],
+             echo: Any) -> None:
+    """Wait for a running job to end; record and echo each of its cells."""
     done, _ = wait(running, return_when=FIRST_COMPLETED)
     for future in done:
-        index, label = running.pop(future)
-        summaries[index] = summary = future.result()
-        echo(_ran_line(label, summary))
+        for index, summary in zip(running.pop(future), future.result(), strict=True):
+            summaries[index] = summary
+            echo(_ran_line(labels[index], summary))
 
 
 def run_suite(suite_path: Path, out: Path, datasets: list[str] | None = None, methods: list[str] | None = None,
               seeds: int | None = None, overrides: dict[str, Any] | None = None, data_dir: Path | None = None,
               in_process: bool = False, command: str | None = None, echo: Any = print,
-              report_only: bool = False, keep_stale: bool = False, jobs: int = 1) -> tuple[Path, bool]:
+              report_only: bool = False, keep_stale: bool = False, jobs: int = 1, pack: int = 0) -> tuple[Path, bool]:
     """Run a suite end to end; returns the report path and whether every cell completed. ``report_only``: run
     nothing, rewrite the report from the finished run directories. ``keep_stale``: reuse finished cells from other
     code instead of running them again (the report marks them). ``jobs``: cells run at once, each in its own
@@ -252,7 +345,7 @@ def run_suite(suite_path: Path, out: Path, datasets: list[str] | None = None, me
     cells = suite_cells(suite, seeds=seeds, overrides=overrides)
     selected = [] if report_only else suite_cells(suite, datasets, methods, seeds, overrides)
     results = run_cells(selected, out, in_process=in_process, data_dir=data_dir, echo=echo, keep_stale=keep_stale,
-                        jobs=jobs)
+                        jobs=jobs, pack=pack)
     all_done = all(s.completed for results_of_cell in results.values() for s in results_of_cell)
     # The report covers the whole suite: cells a filtered invocation skipped count if an earlier one finished them.
     for cell in cells:
@@ -260,8 +353,39 @@ def run_suite(suite_path: Path, out: Path, datasets: list[str] | None = None, me
             recorded = _recorded_summary(cell.directory(out), cell.config)
             results.setdefault((cell.dataset, cell.method), []).append(recorded or RunResult(status=NOT_RUN))
     command = command or shlex.join(["graphfed", "bench", str(suite_path), "--out", str(out)])
-    report = write_report(suite, cells, results, out, None if report_only else command, time.perf_counter() - begin)
+    report = write_report(suite, cells, results, out, None if report_only else command, time.perf_counter() - begin,
+                          stale_judge(cells))
     return report, all_done
+
+
+def stale_judge(cells: list[Cell]) -> StaleOf:
+    """:func:`stale` for a report over ``cells``: a run is judged against its own cell's config."""
+    configs = {(cell.dataset, cell.method, cell.config.seed): cell.config for cell in cells}
+
+    def judge(key: str, method: str, run: RunResult) -> str | None:
+        config = configs.get((key, method, run.seed))
+        return None if config is None else stale(run, config)
+
+    return judge
+
+
+def stale_run_dir(run_dir: Path) -> str | None:
+    """:func:`stale` of the run in ``run_dir``, judged against its own ``config.yaml`` (benchmark reports that read
+    run folders use it)."""
+    return stale(runs.read_result(run_dir), load_config(run_dir / runs.CONFIG))
+
+
+def code_sentence(run_dirs: list[Path]) -> str:
+    """One sentence for a benchmark report that reads run folders: how many of its runs are current, and why the
+    others are stale (:func:`stale_run_dir`)."""
+    reasons = Counter(stale_run_dir(run_dir) for run_dir in run_dirs)
+    current = reasons.pop(None, 0)
+    text = (f"**Code.** {current} of {len(run_dirs)} runs are current: their engine's behaviour and their own "
+            "method, model and dataset modules are today's (each summary.json records them; `graphfed bench` re-runs "
+            "a stale run).")
+    if reasons:
+        text += " Stale: " + "; ".join(f"{why}: {count}" for why, count in reasons.most_common()) + "."
+    return text
 
 
 def finished_results(suite: Suite, out: Path) -> tuple[list[Cell], dict[tuple[str, str], list[RunResult]]]:
@@ -285,7 +409,7 @@ class SectionPlan:
 
     dataset: str
     current: int = 0  #: runs ended (completed or stopped) under today's code: reused
-    stale: Counter[str] = field(default_factory=Counter)  #: runs finished by other code, by code id: run again
+    stale: Counter[str] = field(default_factory=Counter)  #: runs finished by other code, by why: run again
     missing: int = 0  #: runs never ended (or ended under another config): run
     seconds: float = 0.0  #: estimated training time of the stale and missing runs
     unestimated: int = 0  #: stale or missing runs with nothing to estimate their time from
@@ -302,7 +426,6 @@ def plan_suite(suite_path: Path, out: Path, datasets: list[str] | None = None, m
     training time the stale and missing runs need. A stale run is estimated by its own recorded training time
     (``wall_seconds``), a missing one by the mean of the same method's finished runs in that section, else of the
     section's; process start and data loading come on top."""
-    today = current_code_id()
     cells = suite_cells(load_suite(suite_path), datasets, methods, seeds, overrides)
     finished = {id(cell): _finished_summary(cell.directory(out), cell.config) for cell in cells}
     times: dict[tuple[str, str | None], list[float]] = {}
@@ -315,7 +438,8 @@ def plan_suite(suite_path: Path, out: Path, datasets: list[str] | None = None, m
     for cell in cells:
         plan = plans.setdefault(cell.dataset, SectionPlan(cell.dataset))
         summary = finished[id(cell)]
-        if summary is not None and code_id_of(summary) == today:
+        why = stale(summary, cell.config) if summary is not None else None
+        if summary is not None and why is None:
             plan.current += 1
             continue
         if summary is None:
@@ -323,7 +447,7 @@ def plan_suite(suite_path: Path, out: Path, datasets: list[str] | None = None, m
             known = times.get((cell.dataset, cell.method)) or times.get((cell.dataset, None))
             estimate = sum(known) / len(known) if known else None
         else:
-            plan.stale[code_id_of(summary)] += 1
+            plan.stale[why or ""] += 1
             estimate = summary.wall_seconds
         if estimate is None:
             plan.unestimated += 1
@@ -332,4 +456,5 @@ def plan_suite(suite_path: Path, out: Path, datasets: list[str] | None = None, m
     return list(plans.values())
 
 
-__all__ = ["SectionPlan", "finished_results", "plan_suite", "run_cells", "run_suite"]
+__all__ = ["SectionPlan", "code_sentence", "finished_results", "plan_suite", "run_cells", "run_suite", "stale",
+           "stale_judge", "stale_run_dir"]

@@ -154,15 +154,43 @@ def _run_one(cfg: RunConfig, out: Path | None, resume: bool, progress: bool = Tr
     # Imported per command: `graphfed --help` should not pay for torch.
     from graphfed.sim.engine import run_config
 
+    return _run_many([cfg], [out], lambda: [run_config(cfg, out, resume=resume, progress=progress)])[0]
+
+
+def _run_many(configs: list[RunConfig], outs: list[Path | None],
+              running: Callable[[], list[RunResult]]) -> list[RunResult]:
+    """``running()``'s results; an interrupt or a run that stopped is one line with its exit code."""
     try:
         with _sigterm_as_interrupt():
-            summary = run_config(cfg, out, resume=resume, progress=progress)
+            summaries = running()
     except KeyboardInterrupt:
         # Typer turns KeyboardInterrupt into a silent exit; say how to continue.
-        _fail(f"interrupted; the last checkpoint in {out} is kept, continue with --resume", EXIT_INTERRUPTED)
-    if not summary.completed:
-        _fail(f"{summary.status} (summary in {out})", EXIT_RUN)
-    return summary
+        where = outs[0] if len(outs) == 1 else f"each run's folder under {Path(str(outs[0])).parent.parent}"
+        _fail(f"interrupted; the last checkpoint in {where} is kept, continue with --resume", EXIT_INTERRUPTED)
+    for summary, out in zip(summaries, outs, strict=True):
+        if not summary.completed:
+            _fail(f"{summary.status} (summary in {out})", EXIT_RUN)
+    return summaries
+
+
+def _run_row(configs: list[RunConfig], outs: list[Path], pack: int, progress: bool) -> list[RunResult]:
+    """The seeds of one row of ``compare``: packed (``--pack``: 0 = all of them where it measures faster, N = N at
+    a time) when their runs can share calls, else one after another."""
+    from graphfed.sim.pack import Pack, pack_refusal
+
+    if pack == 1 or len(configs) < 2 or pack_refusal(configs[0]) is not None:
+        return [_run_one(cfg, out, False, progress) for cfg, out in zip(configs, outs, strict=True)]
+    size = pack or len(configs)
+    results: list[RunResult] = []
+    for lo in range(0, len(configs), size):
+        chunk, dirs = configs[lo:lo + size], outs[lo:lo + size]
+        ran = _run_many(chunk, list(dirs), lambda chunk=chunk, dirs=dirs: Pack(chunk, list(dirs)).run())
+        shared = any((run.execution or {}).get("pack", {}).get("batched") for run in ran)
+        console.print(f"{chunk[0].method.name}: seeds {', '.join(str(c.seed) for c in chunk)} "
+                      + ("ran as one pack (their clients' calls shared)" if shared else
+                         "ran one after another (sharing their calls measured no faster here)"))
+        results += ran
+    return results
 
 
 SetOption = Annotated[list[str] | None, typer.Option("--set", help="override a field: KEY=VALUE, e.g. "
@@ -246,6 +274,9 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
                                                      "predictor (console, compare.md, per_client.csv)")] = False,
             overwrite: Annotated[bool, typer.Option(help="run again the runs under OUT made by another config "
                                                     "(finished runs of the same config are reused)")] = False,
+            pack: Annotated[int, typer.Option(min=0, help="a row's seeds trained together, one batched call per "
+                                              "round for all of them: 0 = every seed of the row, where packing "
+                                              "measures faster; N = N at a time; 1 = one run at a time")] = 0,
             progress: bool = True, verbose: bool = False) -> None:
     """Run several methods (and variants) over several seeds; print one table of mean ± std over seeds."""
     from graphfed.config import apply_overrides
@@ -299,9 +330,12 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
             _claim_out(folder, overwrite, resumable=False)  # before any run: a refusal leaves all as it was
     if reused:
         console.print(f"reusing {len(reused)} finished run(s) of the same config under {out}")
-    summaries: dict[str, list[RunResult]] = {
-        name: [reused.get((name, cfg.seed)) or _run_one(cfg, planned[(name, cfg.seed)][1], False, progress)
-               for cfg in runs] for name, runs in configs.items()}
+    summaries: dict[str, list[RunResult]] = {}
+    for name, runs in configs.items():
+        fresh = [cfg for cfg in runs if (name, cfg.seed) not in reused]
+        ran = dict(zip([cfg.seed for cfg in fresh], _run_row(fresh, [planned[(name, cfg.seed)][1] for cfg in fresh],
+                                                             pack, progress), strict=True))
+        summaries[name] = [reused.get((name, cfg.seed)) or ran[cfg.seed] for cfg in runs]
     rows = compare_rows(summaries)
     metric = rows[0]["metric"]
     dataset = next(iter(summaries.values()))[0].dataset  # a folder's own name (meta.yaml), not "folder"
@@ -311,8 +345,10 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
                 + (" (malicious clients took part)" if attacked else ""), columns, cells))
     out.mkdir(parents=True, exist_ok=True)
     markdown = markdown_table(rows)
-    notes = [f"{name}: {flag} (in {count} of {len(results)} seeds)" for name, results in summaries.items()
-             for flag, count in Counter(flag for result in results for flag in result.flags).items()]
+    # a flag's kind is its text before the clients it names: counted over the seeds (each summary names them)
+    notes = [f"{name}: {kind} in {count} of {len(results)} seed(s) (each run's summary.json names them)"
+             for name, results in summaries.items()
+             for kind, count in Counter(flag.split(":")[0] for result in results for flag in result.flags).items()]
     for note in notes:
         console.print(f"[yellow]note:[/yellow] {note}")
     if notes:
@@ -526,6 +562,9 @@ def bench(suite: Annotated[Path, typer.Argument(help="suite YAML: methods x data
                                                    "(faster start, but peak RSS is then shared)")] = False,
           jobs: Annotated[int, typer.Option(min=1, help="cells run at once, each in its own process; keep jobs x "
                                             "the suite's torch_threads within the CPU cores")] = 1,
+          pack: Annotated[int, typer.Option(min=0, help="a cell's seeds run as one pack, one batched call per round "
+                                            "for all of them (0: every seed, where packing measures faster; N: N "
+                                            "at a time; 1: one run at a time)")] = 0,
           report_only: Annotated[bool, typer.Option(help="run nothing: rewrite the report from the finished "
                                                     "run directories")] = False,
           keep_stale: Annotated[bool, typer.Option(help="reuse finished cells made by other code (another code id) "
@@ -560,12 +599,13 @@ def bench(suite: Annotated[Path, typer.Argument(help="suite YAML: methods x data
                               *(["--data-dir", str(data_dir)] if data_dir else []),
                               *(["--in-process"] if in_process else []),
                               *(["--jobs", str(jobs)] if jobs > 1 else []),
+                              *(["--pack", str(pack)] if pack else []),
                               *(["--keep-stale"] if keep_stale else [])])
         with _sigterm_as_interrupt():
             report, all_done = run_suite(suite, out, datasets=_names(datasets), methods=_names(methods), seeds=seeds,
                                          overrides=extra, data_dir=data_dir, in_process=in_process,
                                          echo=console.print, command=command, report_only=report_only,
-                                         keep_stale=keep_stale, jobs=jobs)
+                                         keep_stale=keep_stale, jobs=jobs, pack=pack)
     except KeyboardInterrupt:
         _fail(f"interrupted; finished cells are kept in {out}, run the same command again to continue",
               EXIT_INTERRUPTED)
@@ -574,29 +614,47 @@ def bench(suite: Annotated[Path, typer.Argument(help="suite YAML: methods x data
         _fail(f"some cells did not complete; see {report}", EXIT_RUN)
 
 
+@app.command("run-pack", hidden=True)
+def run_pack(pack_file: Annotated[Path, typer.Argument(help="JSON list of {config, out, resume}")]) -> None:
+    """Run several configs that differ in their seed only as one pack (``graphfed bench`` writes the file)."""
+    from graphfed.errors import UntrustedInputError
+    from graphfed.sim.pack import Pack
+
+    try:
+        entries = json.loads(pack_file.read_text())
+        configs = [_load(Path(entry["config"]), []) for entry in entries]
+        outs = [Path(entry["out"]) for entry in entries]
+        resume = [bool(entry["resume"]) for entry in entries]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UntrustedInputError(f"{pack_file}: not a pack file ({type(err).__name__})") from None
+    _run_many(configs, list(outs), lambda: Pack(configs, list(outs)).run(resume))
+
+
 def _print_plan(suite: Path, out: Path, datasets: list[str] | None, methods: list[str] | None, seeds: int | None,
                 overrides: dict[str, Any]) -> None:
     from rich.table import Table
 
     from graphfed.bench import plan_suite
-    from graphfed.report.suite import current_code_id
+    from graphfed.provenance import behaviour
 
     plans = plan_suite(suite, out, datasets, methods, seeds, overrides)
-    table = Table(title=f"{suite} in {out}: today's code {current_code_id()}")
-    for column in ("dataset", "current", "stale (code: runs)", "missing", "to run", "training time"):
-        table.add_column(column, justify="left" if column in ("dataset", "stale (code: runs)") else "right")
+    table = Table(title=f"{suite} in {out}: today's engine behaviour {behaviour()}")
+    for column in ("dataset", "current", "stale", "missing", "to run", "training time"):
+        table.add_column(column, justify="left" if column == "dataset" else "right")
 
     def hours(plan_seconds: float, unestimated: int) -> str:
         return f"{plan_seconds / 3600:.1f} h" + (f" + {unestimated} unknown" if unestimated else "")
 
     for section in plans:
-        stale = ", ".join(f"{code[:8]}: {count}" for code, count in section.stale.most_common()) or "-"
-        table.add_row(section.dataset, str(section.current), stale, str(section.missing), str(section.to_run),
-                      hours(section.seconds, section.unestimated))
+        table.add_row(section.dataset, str(section.current), str(sum(section.stale.values())), str(section.missing),
+                      str(section.to_run), hours(section.seconds, section.unestimated))
     table.add_row("all", str(sum(p.current for p in plans)), str(sum(sum(p.stale.values()) for p in plans)),
                   str(sum(p.missing for p in plans)), str(sum(p.to_run for p in plans)),
                   hours(sum(p.seconds for p in plans), sum(p.unestimated for p in plans)))
     console.print(table)
+    whys = [f"  {section.dataset}: {why}: {count}" for section in plans for why, count in section.stale.most_common()]
+    if whys:  # unwrapped, one per line: a module path or a behaviour id must survive a copy
+        console.print("why the stale runs are stale (runs):\n" + "\n".join(whys), soft_wrap=True, highlight=False)
     console.print("training time: each stale run's own recorded time, each missing run the mean of its method's "
                   "(else its section's) finished runs; process start and data loading come on top")
 

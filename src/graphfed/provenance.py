@@ -1,41 +1,159 @@
 """Which code produced a run: every ``summary.json`` records it, and ``graphfed bench`` compares it.
 
-The *code id* is a SHA-256 over the installed ``graphfed`` sources that compute a run's numbers: every ``.py``
-file of the package except those that only render or dispatch results (``report/``, ``cli.py``, ``bench.py``,
-``suites.py``), whose edits cannot move a number. It is the identity benchmarks compare (two runs with the same
-code id and config give the same numbers on the same CPU); the package version, the git commit of the checkout
-(when the package is imported from one) and whether its sources differ from that commit (``dirty``) are recorded
-beside it for a reader.
+A run is tied to the code it ran, in two parts:
+
+* its **modules**: the run-specific sources it imported (its method's class and the classes it derives from, its
+  model, its dataset, an attack, and the networks they build: the files under ``methods/``, ``models/``, ``nn/``,
+  ``attacks/`` and ``data/datasets/`` reached from them), each by the SHA-256 of its bytes;
+* the **engine's behaviour**: every other computing source (the round loop, client training, evaluation, privacy,
+  the data pipeline, the registries and base classes) identified by what it does, not by its bytes: the SHA-256 of
+  those sources maps to a behaviour id in ``behaviour.json``, where ``tools/vouch.py`` records an engine whose vouch
+  suite (the golden runs of every method and the engine's features: privacy, attacks, faults, late clients...) gives
+  field-for-field the summaries of an engine already vouched for. An engine nobody vouched for is its own behaviour.
+  The same vouch places the old and new hash of each run-specific module its suite ran in one class (a method file
+  whose edit only added a refusal or a private-run path its golden run does not take).
+
+A finished run is current while its behaviour id and its modules' hashes are today's (:func:`stale_reason`): a change
+to the docs, the CLI or a report stales nothing, a change to one method stales that method's runs, and a refactor of
+the engine that the vouch suite shows to be exact stales none. Runs made before runs recorded their modules carry one
+code id over all sources; ``behaviour.json``'s ``legacy`` entries say which behaviour and module hashes such an id
+stands for (and for which runs a vouch covered it: a vouch without private runs does not cover them). The package
+version, the git commit (when imported from a checkout), whether its sources differ from it and torch's version are
+recorded beside.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import json
 import subprocess
+from collections.abc import Iterable
 from functools import cache
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from graphfed.runs import RunResult
+from typing import Any
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 #: package paths whose edits cannot change a run's numbers (they read runs and render them)
 RENDERING_ONLY = ("report/", "cli.py", "bench.py", "suites.py")
+#: folders of run-specific sources: a method's, a model's, a dataset's, an attack's and the networks they build
+SPECIFIC = ("methods/", "models/", "nn/", "attacks/", "data/datasets/")
+#: files in those folders every run goes through (registries, base classes): part of the engine
+SHARED = ("methods/__init__.py", "methods/base.py", "models/__init__.py", "models/base.py", "nn/__init__.py",
+          "attacks/__init__.py", "data/datasets/__init__.py")
+BEHAVIOUR = PACKAGE_ROOT / "behaviour.json"
 #: what a summary written before runs recorded their code says
 UNRECORDED = "unrecorded"
+
+
+def _computing(relative: str) -> bool:
+    return not relative.startswith(RENDERING_ONLY) and "__pycache__" not in relative
+
+
+def is_specific(relative: str) -> bool:
+    """Whether a package path is run-specific (else, when it computes, it is the engine's)."""
+    return relative.startswith(SPECIFIC) and relative not in SHARED
+
+
+def _sources(root: Path) -> list[tuple[str, Path]]:
+    return [(path.relative_to(root).as_posix(), path) for path in sorted(root.rglob("*.py"))
+            if _computing(path.relative_to(root).as_posix())]
 
 
 def source_hash(root: Path = PACKAGE_ROOT) -> str:
     """SHA-256 over the computing sources under ``root``: each file's relative path and bytes, in path order."""
     digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        relative = path.relative_to(root).as_posix()
-        if relative.startswith(RENDERING_ONLY) or "__pycache__" in relative:
-            continue
+    for relative, path in _sources(root):
         digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+def engine_hash(root: Path = PACKAGE_ROOT) -> str:
+    """SHA-256 over the engine's sources: every computing source that is not run-specific."""
+    digest = hashlib.sha256()
+    for relative, path in _sources(root):
+        if not is_specific(relative):
+            digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def file_hash(relative: str, root: Path = PACKAGE_ROOT) -> str:
+    """The first 16 hex digits of the SHA-256 of one source's bytes."""
+    return hashlib.sha256((root / relative).read_bytes()).hexdigest()[:16]
+
+
+def specific_hashes(root: Path = PACKAGE_ROOT) -> dict[str, str]:
+    """Every run-specific source under ``root`` and its hash (what ``tools/vouch.py`` records of a legacy code)."""
+    return {relative: file_hash(relative, root) for relative, _ in _sources(root) if is_specific(relative)}
+
+
+def _module_file(module: str, root: Path = PACKAGE_ROOT) -> str | None:
+    """``graphfed.a.b`` -> ``a/b.py`` (or ``a/b/__init__.py``), relative to the package; None outside it."""
+    if not module.startswith("graphfed."):
+        return None
+    relative = module.removeprefix("graphfed.").replace(".", "/")
+    for candidate in (f"{relative}.py", f"{relative}/__init__.py"):
+        if (root / candidate).is_file():
+            return candidate
+    return None
+
+
+@cache
+def _imports(relative: str) -> tuple[str, ...]:
+    """The package files one source imports (``import graphfed.x``, ``from graphfed.x import y``: y may be a module)."""
+    tree = ast.parse((PACKAGE_ROOT / relative).read_text(encoding="utf-8"))
+    found: list[str] = []
+    for node in ast.walk(tree):
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                 [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+        found += [path for name in names if name and (path := _module_file(name)) is not None]
+    return tuple(dict.fromkeys(found))
+
+
+def module_closure(roots: Iterable[str]) -> list[str]:
+    """The run-specific files ``roots`` (package paths) reach by their imports, ``roots`` included, in path order."""
+    seen: set[str] = set()
+    todo = [root for root in roots if is_specific(root)]
+    while todo:
+        relative = todo.pop()
+        if relative in seen:
+            continue
+        seen.add(relative)
+        todo += [other for other in _imports(relative) if is_specific(other) and other not in seen]
+    return sorted(seen)
+
+
+@cache
+def _behaviour_table() -> dict[str, Any]:
+    try:
+        table = json.loads(BEHAVIOUR.read_text())
+    except (OSError, ValueError):
+        table = {}
+    return {part: dict(table.get(part, {})) for part in ("engines", "legacy", "modules")}
+
+
+@cache
+def behaviour() -> str:
+    """The engine's behaviour id: the one ``behaviour.json`` vouches for its sources, else its own hash."""
+    engine = engine_hash()
+    return str(_behaviour_table()["engines"].get(engine, engine[:16]))
+
+
+def _canonical(recorded: str) -> str:
+    """A recorded behaviour id as today's table names its class: a run recorded its engine's own hash when no vouch
+    named it yet, and a later vouch may have placed that engine in a class."""
+    for engine, named in _behaviour_table()["engines"].items():
+        if engine[:16] == recorded:
+            return str(named)
+    return recorded
+
+
+def _module_class(relative: str, digest: str | None) -> str | None:
+    """A module hash as the vouched classes name it: a vouch whose suite ran a changed module and found every run
+    alike places its old and new hashes in one class."""
+    return None if digest is None else str(_behaviour_table()["modules"].get(relative, {}).get(digest, digest))
 
 
 def _git(*args: str) -> str | None:
@@ -49,10 +167,10 @@ def _git(*args: str) -> str | None:
 
 @cache
 def code_provenance() -> dict[str, Any]:
-    """``{"code_id", "version", "git_commit", "dirty", "torch"}`` of the running code (computed once per process).
-
-    ``code_id`` is the first 16 hex digits of :func:`source_hash`; ``git_commit`` and ``dirty`` are None when the
-    package is not imported from a git checkout (an installed wheel)."""
+    """``{"code_id", "version", "git_commit", "dirty", "torch"}`` of the running code as a whole (computed once per
+    process): what a benchmark that is not one run records. ``code_id`` is the first 16 hex digits of
+    :func:`source_hash`; ``git_commit`` and ``dirty`` are None when the package is not imported from a git checkout
+    (an installed wheel)."""
     try:
         version = metadata.version("graphfed")
     except metadata.PackageNotFoundError:
@@ -65,10 +183,38 @@ def code_provenance() -> dict[str, Any]:
             "dirty": None if status is None else bool(status), "torch": torch.__version__}
 
 
-def code_id_of(result: RunResult) -> str:
-    """The code id a run's result recorded (:data:`UNRECORDED` for runs older than provenance)."""
-    code = result.code
-    return str(code.get("code_id", UNRECORDED)) if isinstance(code, dict) else UNRECORDED
+def run_code(roots: Iterable[str]) -> dict[str, Any]:
+    """The code one run ran: its engine's behaviour id, its run-specific modules (reached from ``roots``) with their
+    hashes, and a ``code_id`` over both; beside them :func:`code_provenance`'s version, commit and torch."""
+    modules = {relative: file_hash(relative) for relative in module_closure(roots)}
+    engine = behaviour()
+    digest = hashlib.sha256(engine.encode() + b"".join(f"\0{path}:{sha}".encode() for path, sha in modules.items()))
+    whole = code_provenance()
+    return {"code_id": digest.hexdigest()[:16], "behaviour": engine, "modules": modules,
+            **{key: value for key, value in whole.items() if key != "code_id"}, "source_id": whole["code_id"]}
 
 
-__all__ = ["RENDERING_ONLY", "UNRECORDED", "code_id_of", "code_provenance", "source_hash"]
+def stale_reason(recorded: Any, roots: Iterable[str], private: bool = False) -> str | None:
+    """Why a run that recorded ``recorded`` (its summary's ``code``) is not a run of today's code, or None when it
+    is: today's engine behaviour and today's hash of every run-specific module it reaches from ``roots``.
+    ``private``: the run used client-level DP (a legacy vouch may not cover such runs)."""
+    if not isinstance(recorded, dict):
+        return "made before runs recorded their code"
+    if isinstance(recorded.get("modules"), dict):
+        engine, modules = recorded.get("behaviour"), recorded["modules"]
+    else:
+        legacy = _behaviour_table()["legacy"].get(str(recorded.get("code_id")))
+        if legacy is None:
+            return f"made by code {recorded.get('code_id', UNRECORDED)}, which no vouch relates to today's"
+        if private and not legacy.get("scope", {}).get("privacy", True):
+            return f"made by code {recorded.get('code_id')}, vouched for runs without privacy only"
+        engine, modules = legacy.get("behaviour"), legacy.get("modules", {})
+    if _canonical(str(engine)) != behaviour():
+        return f"the engine behaves otherwise (behaviour {engine}, today {behaviour()})"
+    changed = [path for path in module_closure(roots)
+               if _module_class(path, modules.get(path)) != _module_class(path, file_hash(path))]
+    return f"{', '.join(changed)} changed" if changed else None
+
+
+__all__ = ["RENDERING_ONLY", "SPECIFIC", "UNRECORDED", "behaviour", "code_provenance", "engine_hash",
+           "is_specific", "module_closure", "run_code", "source_hash", "specific_hashes", "stale_reason"]

@@ -9,6 +9,7 @@ name or the raw options again.
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -30,9 +31,10 @@ from graphfed.data import DATASETS, build_federation
 from graphfed.data.federation import Federation
 from graphfed.methods import method_class, parse_options
 from graphfed.methods.base import Method, MethodContext, MethodOptions
-from graphfed.models import build_model
+from graphfed.models import MODELS, build_model
 from graphfed.models.base import TargetModel
 from graphfed.models.family import ArchitectureFamily, build_family
+from graphfed.provenance import PACKAGE_ROOT
 
 
 @dataclass(frozen=True)
@@ -237,6 +239,38 @@ class Setup:
         return self.clients.executor(seed)
 
 
+#: the module of each attack (update forgeries share one)
+ATTACK_MODULES = {"label_flip": "attacks/label_flip.py", "backdoor": "attacks/backdoor.py"}
+
+
+def _source_of(obj: Any) -> str | None:
+    """The package path of the module defining ``obj`` (None outside graphfed: a plugin is not tracked)."""
+    module = getattr(obj, "__module__", "") or ""
+    if not module.startswith("graphfed."):
+        return None
+    relative = module.removeprefix("graphfed.").replace(".", "/")
+    return relative + ("/__init__.py" if (PACKAGE_ROOT / relative).is_dir() else ".py")
+
+
+def run_roots(config: RunConfig) -> list[str]:
+    """The run-specific sources a run of ``config`` starts from (:func:`graphfed.provenance.run_code` follows their
+    imports): its method's class and those it derives from, the classes its model's builder constructs, its dataset's
+    builder and its attack."""
+    roots = [_source_of(cls) for cls in resolve_method(config).cls.__mro__]
+    builder = MODELS.get(config.model.name, (None, ""))[0]
+    if builder is not None:
+        roots += [_source_of(value) for value in inspect.getclosurevars(builder).globals.values()
+                  if inspect.isclass(value)] + [_source_of(builder)]
+    dataset = DATASETS.get(config.dataset.name)
+    if dataset is not None:
+        roots.append(_source_of(dataset.build))
+    if config.attack.kind != "none":
+        roots.append(ATTACK_MODULES.get(config.attack.kind, "attacks/poisoning.py"))
+    if config.defense.simple_tuning:
+        roots.append("attacks/defenses.py")
+    return [root for root in dict.fromkeys(roots) if root is not None]
+
+
 def check_before_data(config: RunConfig, method: MethodSetup) -> None:
     """The model and the method's client side, built on the dataset's shape where its config alone decides it, so a
     combination that cannot run (FedBN on a model without BatchNorm, a CNN on rows too small) is refused before
@@ -275,4 +309,4 @@ def build_setup(config: RunConfig, federation: Federation | None = None) -> Setu
     return Setup(config, clients, server)
 
 
-__all__ = ["ClientSide", "MethodSetup", "Setup", "build_setup", "client_setting", "resolve_method"]
+__all__ = ["ClientSide", "MethodSetup", "Setup", "build_setup", "client_setting", "resolve_method", "run_roots"]

@@ -153,6 +153,67 @@ def measure(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: Client
     return timings
 
 
+#: local steps a pack's calibration times (at most; the run's own count if fewer)
+PACK_CALIBRATION_STEPS = 2
+#: runs whose clients the calibration's one call trains (at most): enough to show whether sharing pays, few enough
+#: that a compute-bound model's calibration costs about one run's round, not the pack's
+PACK_CALIBRATION_RUNS = 4
+#: a pack shares its calls only when one call takes at most this share of the runs' calls one by one: a small gain
+#: does not pay for holding every run's data at once (compute-bound models, e.g. a CNN on the CPU, gain nothing)
+PACK_GAIN = 0.8
+
+
+@dataclass(frozen=True)
+class PackChoice:
+    """Whether several runs' clients train faster in one call than run by run, as measured here."""
+
+    batched: bool
+    source: str  #: "measured" or "cached"
+    seconds: dict[str, float]  #: "alone": one run's clients' steps; "packed": "trial_runs" runs' in one call
+
+    def record(self) -> dict[str, Any]:
+        return {"batched": self.batched, "source": self.source, "seconds": self.seconds}
+
+
+def choose_packing(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: ClientRule, cohort: int, runs: int,
+                   cache_file: Path | None = None) -> PackChoice:
+    """Whether ``runs`` runs of ``cohort`` clients a round should train in one call: a few of the run's own local
+    steps (:data:`PACK_CALIBRATION_STEPS`) timed for one run's clients and for :data:`PACK_CALIBRATION_RUNS` runs'
+    clients in one call, best of two each. Packing pays where a round is kernel launches and Python, not arithmetic:
+    it is chosen when the one call measures clearly faster per run (:data:`PACK_GAIN`) than a run alone. Cached like
+    the chunk size."""
+    cache_file = user_cache_dir() / CACHE_NAME if cache_file is None else cache_file
+    key = (f"{timing_key(model, spec, data, rule)}|steps={rule.total_steps}|pack cohort={cohort} runs={runs} "
+           f"gain={PACK_GAIN} trial={PACK_CALIBRATION_RUNS}x{PACK_CALIBRATION_STEPS}")
+    cached = _read_cache(cache_file, _pack_entry).get(key)
+    if cached is not None:
+        return PackChoice(cached["batched"], "cached", {name: float(seconds) for name, seconds
+                                                         in cached["seconds"].items()})
+    training = replace(rule.setting.training, steps=min(rule.setting.training.steps, PACK_CALIBRATION_STEPS))
+    calibration = plain_sgd(spec, rule.setting.task, training)
+    alone = torch.arange(min(cohort, data.num_clients), device="cpu")
+    trial_runs = min(runs, PACK_CALIBRATION_RUNS)
+    timings: dict[str, float] = {}
+    devices = [data.device] if data.device.type == "cuda" else []
+
+    def one_round(clients: torch.Tensor) -> Callable[[], object]:
+        start = spec.flatten_module(model).detach().unsqueeze(0).repeat(len(clients), 1)
+        selected, seeds = data.select(clients), list(range(len(clients)))
+        return lambda: train_clients(model, spec, start, selected, calibration, seeds)
+
+    with torch.random.fork_rng(devices=devices):
+        for name, clients in (("alone", alone), ("packed", alone.repeat(trial_runs))):
+            run = one_round(clients)
+            run()  # warm-up
+            timings[name] = min(synchronised_seconds(run, data.device) for _ in range(2))
+    batched = timings["packed"] / trial_runs <= PACK_GAIN * timings["alone"]
+    seconds = {"alone": timings["alone"], "packed": timings["packed"], "trial_runs": trial_runs}
+    log.info("packing %d runs: %s (one run's round %.1f ms, %d runs' in one call %.1f ms)", runs,
+             "one call" if batched else "run by run", 1e3 * timings["alone"], trial_runs, 1e3 * timings["packed"])
+    _write_cache(cache_file, key, {"batched": batched, "seconds": seconds})
+    return PackChoice(batched, "measured", seconds)
+
+
 def synchronised_seconds(run: Callable[[], object], device: torch.device) -> float:
     """Wall seconds of ``run()``, waiting for a CUDA device's queued work before and after."""
     if device.type == "cuda":
@@ -164,23 +225,32 @@ def synchronised_seconds(run: Callable[[], object], device: torch.device) -> flo
     return time.perf_counter() - begin
 
 
-def _read_cache(path: Path) -> dict[str, Any]:
-    """The cached choices; an unreadable or malformed cache counts as empty (it is only a cache)."""
+def _chunk_entry(value: Any) -> bool:
+    return (isinstance(value, dict) and isinstance(value.get("clients_per_chunk"), int)
+            and value["clients_per_chunk"] >= 1 and isinstance(value.get("seconds_per_client"), dict))
+
+
+def _pack_entry(value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("batched"), bool) and isinstance(value.get("seconds"),
+                                                                                             dict)
+
+
+def _read_cache(path: Path, valid: Callable[[Any], bool] = _chunk_entry) -> dict[str, Any]:
+    """The cached choices of one kind (``valid`` tells its entries); an unreadable or malformed cache counts as
+    empty (it is only a cache)."""
     try:
         entries = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     if not isinstance(entries, dict):
         return {}
-    return {key: value for key, value in entries.items()
-            if isinstance(value, dict) and isinstance(value.get("clients_per_chunk"), int)
-            and value["clients_per_chunk"] >= 1 and isinstance(value.get("seconds_per_client"), dict)}
+    return {key: value for key, value in entries.items() if valid(value)}
 
 
 def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
     """Adds ``entry`` atomically (a temporary file renamed over the old one); a cache that cannot be written only
     costs a calibration next time."""
-    entries = _read_cache(path)
+    entries = _read_cache(path, lambda value: _chunk_entry(value) or _pack_entry(value))
     entries[key] = entry
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -63,6 +63,9 @@ class TrainResult:
 class ClientExecutor(ABC):
     """Runs clients' local training and evaluation for the round loop."""
 
+    #: the clients run elsewhere (Flower nodes) and keep their state there, out of the server's checkpoints
+    remote: bool = False
+
     @abstractmethod
     def train(self, client_ids: torch.Tensor, start: torch.Tensor, round_index: int, purpose: str,
               steps: int | None = None, broadcast: dict[str, torch.Tensor] | None = None) -> TrainResult:
@@ -85,6 +88,17 @@ class ClientExecutor(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state:
             raise ValueError("this executor keeps no client state; the checkpoint holds some")
+
+
+class ClientStreams:
+    """The per-client random streams of one run: one seed per (round, purpose, client), so a client draws the same
+    numbers whether it trains alone, in a batch, on a Flower node, or packed with other runs' clients."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def seeds(self, round_index: int, purpose: str, client_ids: torch.Tensor) -> list[int]:
+        return rng.client_seeds(self.seed, round_index, purpose, client_ids)
 
 
 class ClientStateStore:
@@ -131,6 +145,22 @@ class ClientStateStore:
     def state_dict(self) -> dict[str, Any]:
         return {"trained": self.trained.clone(), "tensors": {k: v.clone() for k, v in self.tensors.items()}}
 
+    def load_rows(self, rows: torch.Tensor, state: dict[str, Any]) -> None:
+        """Load ``state`` (one run's :meth:`state_dict`) into ``rows`` of this store (a pack keeps several runs'
+        clients in one store)."""
+        trained, tensors = state["trained"], state["tensors"]
+        if not isinstance(trained, torch.Tensor) or trained.dtype != torch.bool or trained.shape != (len(rows),):
+            raise ValueError(f"client state must mark {len(rows)} clients as trained or not")
+        if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) and v.ndim >= 1 and len(v) == len(rows)
+                                                    for v in tensors.values()):
+            raise ValueError(f"client state tensors must each hold {len(rows)} rows")
+        self.trained[rows] = trained.to("cpu")
+        for name, value in tensors.items():
+            if name not in self.tensors:
+                self.tensors[name] = torch.zeros(len(self.client_ids), *value.shape[1:], dtype=value.dtype,
+                                                 device=self.device)
+            self.tensors[name][rows] = value.to(self.device)
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         trained, tensors = state["trained"], state["tensors"]
         if not isinstance(trained, torch.Tensor) or trained.dtype != torch.bool or trained.shape != self.trained.shape:
@@ -152,9 +182,12 @@ class ClientRuntime(ClientExecutor):
 
     def __init__(self, model: TargetModel, spec: ParamSpec, federation: Federation, rule: ClientRule,
                  seed: int, store: ClientStateStore | None = None, attack: UpdateForgery | None = None,
-                 tuning: EvaluationTuning | None = None, privacy: PrivacyPlan | None = None) -> None:
+                 tuning: EvaluationTuning | None = None, privacy: PrivacyPlan | None = None,
+                 streams: ClientStreams | None = None) -> None:
         self.model, self.spec, self.federation = model, spec, federation
         self.rule, self.seed = rule, seed
+        #: the clients' seeded streams (a pack's runtime maps each client to its own run's seed)
+        self.streams = streams if streams is not None else ClientStreams(seed)
         self.attack, self.tuning = attack, tuning
         #: ``privacy.mechanism: local``: every upload is clipped and noised here, before it leaves the client, with
         #: noise from the client's own secure source (the seed determines it only under reproducible_noise)
@@ -186,7 +219,7 @@ class ClientRuntime(ClientExecutor):
         # adaptation trains plain SGD on a copy of the server state and leaves no trace on the clients.
         rule = self.rule if purpose == "local_training" else self.plain_rule(steps or self.training.steps)
         # One stream per (round, purpose, client): a client draws the same batches wherever it runs.
-        seeds = rng.client_seeds(self.seed, round_index, purpose, client_ids)
+        seeds = self.streams.seeds(round_index, purpose, client_ids)
         state = None
         if purpose == "local_training":
             fresh = ~self.store.has_trained(client_ids)
@@ -204,7 +237,7 @@ class ClientRuntime(ClientExecutor):
         if purpose == "local_training":
             self.store.put(client_ids, new_state)
         if self.training.feedback != "none" and purpose == "local_training":
-            feedback_seeds = rng.client_seeds(self.seed, round_index, "feedback", client_ids)
+            feedback_seeds = self.streams.seeds(round_index, "feedback", client_ids)
             validation = self.federation.val.select(client_ids)
             metrics["feedback"] = validation_feedback(self.model, self.spec, start, validation, self.federation.task,
                                                       self.training, feedback_seeds)
@@ -253,11 +286,11 @@ class ClientRuntime(ClientExecutor):
             finetune = self.plain_rule(self.rule.eval_finetune_steps, self.rule.eval_finetune_lr)
             if self.rule.finetunes_head_only:
                 finetune = HeadTraining(finetune.setting)
-            seeds = rng.client_seeds(self.seed, round_index, "evaluation", ids)
+            seeds = self.streams.seeds(round_index, "evaluation", ids)
             own = train_clients(self.model, self.spec, own, self.federation.train.select(ids), finetune, seeds).trained
         if self.tuning is not None:
             own = self.tuning.apply(self.model, self.rule.setting, own, self.federation.train.select(ids),
-                                    rng.client_seeds(self.seed, round_index, "tuning", ids))
+                                    self.streams.seeds(round_index, "tuning", ids))
         weights = weights.clone()
         weights[rows] = own
         return weights
@@ -270,7 +303,7 @@ class ClientRuntime(ClientExecutor):
         if self.rule.has_evaluation_network:
             network = self.rule.evaluation_network(model, weights, self.federation.train.select(client_ids),
                                                    self.store.has_trained(client_ids),
-                                                   rng.client_seeds(self.seed, round_index, "evaluation", client_ids))
+                                                   self.streams.seeds(round_index, "evaluation", client_ids))
             if network is not None:
                 model, spec, weights = network
         forward = None

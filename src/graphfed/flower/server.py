@@ -45,6 +45,7 @@ log = logging.getLogger("graphfed.flower")
 
 
 class FlowerExecutor(ClientExecutor):
+    remote = True  # clients keep their state on their nodes
     def __init__(self, grid: Grid, config: RunConfig, setup: Setup) -> None:
         refusal = protocol.deployment_refusal(config)
         if refusal:

@@ -8,6 +8,7 @@ import os
 import platform
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from statistics import fmean
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 
 from graphfed import runs
-from graphfed.provenance import code_id_of, code_provenance
+from graphfed.provenance import code_provenance
 from graphfed.report.plots import plot_comparison
 from graphfed.report.tables import compare_rows, format_value, metric_note, row_cells
 from graphfed.report.tables import headers as table_headers
@@ -34,7 +35,18 @@ from graphfed.suites import Cell, Claim, Suite, SuiteDataset
 
 
 def current_code_id() -> str:
+    """The running code's id over all its computing sources (benchmarks that are not runs record it)."""
     return str(code_provenance()["code_id"])
+
+
+#: why a run of a suite's cell is stale, given its dataset key, method and result (None: made by today's code);
+#: ``graphfed.bench.stale`` decides it from the run's recorded engine behaviour and modules
+StaleOf = Callable[[str, str, RunResult], "str | None"]
+
+
+def _current(key: str, method: str, run: RunResult) -> str | None:
+    """A judge that finds no run stale (tests of a report's layout; a report of runs just made)."""
+    return None
 
 
 # ---- the report ----------------------------------------------------------------------------------------
@@ -63,7 +75,7 @@ def _paper_cells(entry: SuiteDataset, method: str) -> list[str]:
 
 def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
                      results: dict[tuple[str, str], list[RunResult]], out: Path,
-                     plots: bool = True, reference_code: str | None = None) -> tuple[str, list[dict]]:
+                     plots: bool = True, stale_of: StaleOf | None = None) -> tuple[str, list[dict]]:
     own = [cell for cell in cells if cell.dataset == key]
     methods = list(dict.fromkeys(cell.method for cell in own))
     completed = {method: [s for s in results.get((key, method), []) if s.completed] for method in methods}
@@ -71,9 +83,9 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
               for method in methods}
     not_run = [method for method in methods if not completed[method] and not failed[method]]
     rows = compare_rows({method: runs for method, runs in completed.items() if runs})
-    reference_code = reference_code or current_code_id()
-    # runs from other code than the report's: marked in the table and listed under it, never mixed silently
-    stale = {method: [code_id_of(s) for s in runs if code_id_of(s) != reference_code]
+    # runs made by code that changed since: marked in the table and listed under it, never mixed silently
+    stale_of = stale_of or _current
+    stale = {method: [why for s in runs if (why := stale_of(key, method, s))]
              for method, runs in completed.items() if runs}
     for row in rows:
         row["stale_runs"] = len(stale.get(row["method"], []))  # a verdict on them says so
@@ -119,11 +131,11 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
                   "randomness only." + (" '± over test rows' is the 95 % half-width that resampling the test rows "
                                         "would add (binomial per client, normal approximation; mean over seeds)."
                                         if with_rows else "")]
-    stale_rows = [f"`{method}` {len(ids)} of {len(completed[method])} (code {', '.join(sorted(set(ids)))})"
-                  for method, ids in stale.items() if ids]
+    stale_rows = [f"`{method}` {len(reasons)} of {len(completed[method])} ({'; '.join(sorted(set(reasons)))})"
+                  for method, reasons in stale.items() if reasons]
     if stale_rows:
-        lines += ["", f"† Stale: runs from other code than this report's (code id {reference_code}), kept until "
-                  "re-run: " + "; ".join(stale_rows) + "."]
+        lines += ["", "† Stale: runs made by code that has changed since, kept until re-run: "
+                  + "; ".join(stale_rows) + "."]
     torch_versions = Counter(str((s.code or {}).get("torch", "unrecorded"))
                              for runs in completed.values() for s in runs)
     if len(torch_versions) > 1:  # the same code can compute other numbers under another torch: say so
@@ -275,28 +287,30 @@ def _flatten(settings: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]
 
 
 def report_sections(suite: Suite, cells: list[Cell], results: dict[tuple[str, str], list[RunResult]],
-                    out: Path, plots: bool = True, reference_code: str | None = None,
+                    out: Path, plots: bool = True, stale_of: StaleOf | None = None,
                     ) -> tuple[list[str], dict[str, list[RunResult]]]:
-    """Each dataset's section of the report (its table, notes and plot) and its table rows. Runs whose code id is
-    not ``reference_code`` (default: the running code's) are marked stale."""
+    """Each dataset's section of the report (its table, notes and plot) and its table rows. Runs ``stale_of`` finds
+    stale are marked (default: none is; ``graphfed bench`` passes its judgement of each run's code)."""
+    stale_of = stale_of or _current
     sections, tables = [], {}
     for key, entry in suite.datasets.items():
         if any(cell.dataset == key for cell in cells):
-            text, rows = _dataset_section(key, entry, cells, results, out, plots, reference_code)
+            text, rows = _dataset_section(key, entry, cells, results, out, plots, stale_of)
             sections.append(text)
             tables[key] = rows
     return sections, tables
 
 
 def write_report(suite: Suite, cells: list[Cell], results: dict[tuple[str, str], list[RunResult]],
-                 out: Path, command: str | None, seconds: float) -> Path:
+                 out: Path, command: str | None, seconds: float, stale_of: StaleOf | None = None) -> Path:
     """``OUT/report.md`` (or the suite's ``report`` name: tables, plots, paper numbers) and ``OUT/report.json``
     (every summary and row)."""
     out.mkdir(parents=True, exist_ok=True)
     env = environment()
     code = code_provenance()
     total_run_seconds = sum(s.cell_seconds or 0.0 for results_of_cell in results.values() for s in results_of_cell)
-    sections, tables = report_sections(suite, cells, results, out, reference_code=code["code_id"])
+    stale_of = stale_of or _current
+    sections, tables = report_sections(suite, cells, results, out, stale_of=stale_of)
     # Every invocation that added cells to this directory, oldest first (a grid is often run in parts); a
     # report-only rewrite (command None) adds none.
     invocations = _previous_invocations(out)
@@ -308,21 +322,23 @@ def write_report(suite: Suite, cells: list[Cell], results: dict[tuple[str, str],
     if suite.description:
         header += [suite.description.strip(), ""]
     header += [*verdict_table(suite, tables)]
-    header += [*_invocation_lines(invocations, env), "", code_line(results, code["code_id"]), "", PROTOCOL, ""]
+    header += [*_invocation_lines(invocations, env), "", code_line(results, stale_of), "", PROTOCOL, ""]
     report = out / suite.report
     runs.atomic_write_text(report, "\n".join(header + sections + deviations_section(suite)))
     payload = {"suite": suite.model_dump(mode="json"), "invocations": invocations, "environment": env,
                "code": code, "verdicts": claim_verdicts(suite, tables), "tables": tables,
-               "runs": run_index(results)}
+               "runs": run_index(results, stale_of)}
     runs.atomic_write_text(out / "report.json", json.dumps(payload, indent=2, default=str) + "\n")
     return report
 
 
-def run_index(results: dict[tuple[str, str], list[RunResult]]) -> dict[str, list[dict[str, Any]]]:
-    """Each cell's runs as ``report.json`` lists them: seed, status, headline score, the code that ran it and where
-    its ``summary.json`` lies (relative to the report), not the summaries again (they are committed beside it)."""
+def run_index(results: dict[tuple[str, str], list[RunResult]], stale_of: StaleOf) -> dict[str, list[dict[str, Any]]]:
+    """Each cell's runs as ``report.json`` lists them: seed, status, headline score, the code that ran it (and why it
+    is stale when the report was written, else None) and where its ``summary.json`` lies (relative to the report),
+    not the summaries again (they are committed beside it)."""
     return {f"{key}/{method}": [{"seed": result.seed, "status": result.status, "test_mean": result.test_mean,
                                  "code_id": (result.code or {}).get("code_id"),
+                                 "stale": stale_of(key, method, result) if result.completed else None,
                                  "summary": None if result.seed is None  # a cell not run has no summary
                                  else f"runs/{key}/{method}/seed{result.seed}/{runs.SUMMARY}"}
                                 for result in results_of_cell]
@@ -343,17 +359,20 @@ def _invocation_lines(invocations: list[dict[str, Any]], env: dict[str, Any]) ->
             + ", ".join(f"{item['seconds_in_new_cells']:.0f} s" for item in invocations) + f". {copied}"]
 
 
-def code_line(results: dict[tuple[str, str], list[RunResult]], reference_code: str) -> str:
-    """One sentence: the code id the report was written by, and how many of its runs come from other code."""
-    finished = [s for results_of_cell in results.values() for s in results_of_cell if s.completed]
-    stale = sorted({code_id_of(s) for s in finished if code_id_of(s) != reference_code})
-    count = sum(code_id_of(s) != reference_code for s in finished)
-    text = f"Code: this report was written by code id `{reference_code}` (graphfed's computing sources, SHA-256). "
-    if not count:
-        return text + f"All {len(finished)} runs are from that code."
-    return text + (f"{count} of {len(finished)} runs are from other code ({', '.join(stale)}): stale, marked † in "
-                   "their tables and listed under them until re-run (`graphfed bench` re-runs them).")
+def code_line(results: dict[tuple[str, str], list[RunResult]], stale_of: StaleOf) -> str:
+    """One sentence: whether every run is a run of the code that wrote the report (its engine's behaviour and the
+    run's own modules, :mod:`graphfed.provenance`), and how many are stale, why."""
+    finished = [(key, method, s) for (key, method), results_of_cell in results.items() for s in results_of_cell
+                if s.completed]
+    reasons = Counter(why for key, method, run in finished if (why := stale_of(key, method, run)))
+    text = ("Code: a run is current while its engine's behaviour and its own method, model and dataset modules are "
+            "the code's that wrote this report (each summary.json records them). ")
+    if not reasons:
+        return text + f"All {len(finished)} runs are current."
+    return text + (f"{sum(reasons.values())} of {len(finished)} runs are stale ("
+                   + "; ".join(f"{why}: {count}" for why, count in reasons.most_common())
+                   + "): marked † in their tables and listed under them until re-run (`graphfed bench` re-runs them).")
 
 
-__all__ = ["NOT_RUN", "claim_verdict", "claim_verdicts", "code_line", "current_code_id", "deviations_section",
-           "report_sections", "verdict_counts", "verdict_table", "write_report"]
+__all__ = ["NOT_RUN", "StaleOf", "claim_verdict", "claim_verdicts", "code_line", "current_code_id",
+           "deviations_section", "report_sections", "verdict_counts", "verdict_table", "write_report"]

@@ -1,19 +1,29 @@
 """The simulator's checkpoint: its whole state behind a checksum, written atomically, never unpickled beyond
-tensors and plain containers."""
+tensors and plain containers; what the state holds (:func:`state_of`) and how a run resumes from it
+(:func:`restore`)."""
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+import yaml
 
+from graphfed import runs
+from graphfed.client.privacy import PrivacyLedger
+from graphfed.config import ConfigError, dump_config, read_yaml, same_run, validate_config
 from graphfed.errors import CheckpointError
 from graphfed.runs import CHECKPOINT, atomic_write_bytes
 
-__all__ = ["CHECKPOINT", "CHECKPOINT_MAGIC", "CheckpointError", "load_checkpoint", "save_checkpoint"]
+if TYPE_CHECKING:
+    from graphfed.sim.engine import Simulator
+
+__all__ = ["CHECKPOINT", "CHECKPOINT_MAGIC", "CheckpointError", "load_checkpoint", "restore", "save_checkpoint",
+           "state_of"]
 
 
 #: First line of a checkpoint: format version and the SHA-256 of the payload that follows it.
@@ -58,3 +68,92 @@ def load_checkpoint(out_dir: Path, map_location: torch.device | str | None = Non
         raise CheckpointError(f"--resume: checkpoint {path} holds a {type(state).__name__}, not a graphfed "
                               f"checkpoint")
     return state
+
+
+# ---- a simulator's state --------------------------------------------------------------------------------------
+def state_of(sim: Simulator, completed_rounds: int) -> dict[str, Any]:
+    """Everything a resumed run needs to continue bit-identically after ``completed_rounds``."""
+    return {"completed_rounds": completed_rounds, "config": dump_config(sim.config),
+            "method": sim.setup.method.state_dict(), "clients": sim.executor.state_dict(),
+            "tracker": vars(sim.tracker).copy(), "privacy_ledger": sim.ledger.state(),
+            "torch_rng": torch.get_rng_state(),
+            **({"in_flight": sim.arrivals.state()} if len(sim.participation.straggler_ids) else {})}
+
+
+def restore(sim: Simulator, state: dict[str, Any]) -> int:
+    """Load ``state`` (a checkpoint's) into ``sim``; the rounds it completed. CheckpointError (one line) when the
+    state is not this run's or does not fit it."""
+    expected = {"completed_rounds": int, "config": str, "method": dict, "tracker": dict, "torch_rng": torch.Tensor}
+    for key, kind in expected.items():
+        if not isinstance(state.get(key), kind):
+            raise CheckpointError(f"--resume: the checkpoint has no valid '{key}' ({kind.__name__} expected); it was "
+                                  f"not written by this graphfed run")
+    if not _same_config(state["config"], sim):
+        raise CheckpointError("--resume: the checkpoint was written by a different config; use the run's own "
+                              "config.yaml or start a new --out directory")
+    completed = state["completed_rounds"]
+    if not 0 <= completed <= sim.config.train.rounds:
+        raise CheckpointError(f"--resume: the checkpoint claims {completed} completed rounds of "
+                              f"{sim.config.train.rounds}")
+    clients = state.get("clients")
+    if (clients == {} or (isinstance(clients, dict) and "flower" in clients)) and not sim.on_flower:
+        # the Flower ServerApp checkpoints the server only: its clients' state stays on the nodes
+        raise CheckpointError(f"--resume: this checkpoint was written by a Flower run after round {completed}; its "
+                              f"clients' state is on its nodes, so only Flower can continue it: start the same Flower "
+                              f"App again (flwr run), its ServerApp resumes from this checkpoint")
+    state["tracker"].pop("uploads_per_client", None)  # older checkpoints counted local-DP uploads there
+    unknown = set(state["tracker"]) - set(vars(sim.tracker))
+    if unknown:
+        raise CheckpointError(f"--resume: the checkpoint's tracker has unknown fields {sorted(unknown)}")
+    try:
+        sim.setup.method.load_state_dict(state["method"])
+        sim.executor.load_state_dict(state.get("clients", {}))
+        torch.set_rng_state(state["torch_rng"].cpu())
+        sim.arrivals.load(state.get("in_flight", []))
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise CheckpointError(f"--resume: the checkpoint's state does not fit this run's method, model or clients "
+                              f"({type(err).__name__}: {reason})") from None
+    for key, value in state["tracker"].items():
+        setattr(sim.tracker, key, value)
+    sim.tracker.select_last = sim.privacy.active and sim.privacy.model_selection == "last"
+    sim.ledger = _resumed_ledger(sim, state.get("privacy_ledger"))
+    return int(completed)
+
+
+def _resumed_ledger(sim: Simulator, saved: Any) -> PrivacyLedger:
+    """The releases before a resume: the checkpoint's count, or the run folder's if it saw more (rounds run after
+    the checkpoint by the interrupted process were released too, and are run again now)."""
+    ledger = PrivacyLedger()
+    for source, state in (("checkpoint", saved), (runs.PRIVACY_LEDGER, _ledger_file(sim))):
+        if state is None:
+            continue
+        try:
+            ledger = ledger.merged(PrivacyLedger.from_state(state))
+        except ValueError as err:
+            raise CheckpointError(f"--resume: the {source}'s privacy ledger is unreadable ({err}); its releases "
+                                  f"cannot be accounted") from None
+    return ledger
+
+
+def _ledger_file(sim: Simulator) -> Any:
+    path = None if sim.out_dir is None else sim.out_dir / runs.PRIVACY_LEDGER
+    if path is None or not path.exists() or not sim.privacy.active:
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"--resume: {path} is unreadable ({type(err).__name__}); its releases cannot be "
+                              f"accounted") from None
+
+
+def _same_config(text: str, sim: Simulator) -> bool:
+    """Whether a checkpoint's config is this run's. Compared after validation, so a checkpoint written before a new
+    field with a default existed still resumes (its text lacks the field), and data that moved still resumes
+    (``same_run``)."""
+    if text == dump_config(sim.config):
+        return True
+    try:
+        return same_run(validate_config(read_yaml(text)), sim.config)
+    except (ConfigError, yaml.YAMLError, RecursionError):
+        return False

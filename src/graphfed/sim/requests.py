@@ -1,0 +1,64 @@
+"""What the round loop asks of an executor: the loop is a generator of :class:`Train` and :class:`Evaluate`
+requests, which :func:`drive` answers with one executor (a run alone) and a pack (:mod:`graphfed.sim.pack`) answers
+for several runs in one batched call each."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+from graphfed.client.executor import ClientExecutor
+
+__all__ = ["Evaluate", "Request", "Steps", "Train", "drive", "serve"]
+
+
+@dataclass(frozen=True)
+class Train:
+    """Train ``client_ids`` from ``start [S, dim]`` (:meth:`ClientExecutor.train`); answered with a TrainResult."""
+
+    client_ids: torch.Tensor
+    start: torch.Tensor
+    round_index: int
+    purpose: str
+    steps: int | None = None
+    broadcast: dict[str, torch.Tensor] | None = None
+
+
+@dataclass(frozen=True)
+class Evaluate:
+    """Score ``client_ids`` given ``weights`` (:meth:`ClientExecutor.evaluate`); answered with each split's scores."""
+
+    client_ids: torch.Tensor
+    weights: torch.Tensor
+    round_index: int
+
+
+Request = Train | Evaluate
+T = TypeVar("T")
+Steps = Generator[Request, Any, T]
+
+
+def serve(executor: ClientExecutor, request: Request) -> Any:
+    if isinstance(request, Train):
+        return executor.train(request.client_ids, request.start, request.round_index, request.purpose,
+                              request.steps, request.broadcast)
+    return executor.evaluate(request.client_ids, request.weights, request.round_index)
+
+
+def drive(steps: Steps[T], executor: ClientExecutor) -> T:
+    """Run ``steps`` to its end, answering each request with ``executor``; what the executor raises is raised where
+    the request was made (a stopped run is the loop's to handle)."""
+    try:
+        request = next(steps)
+        while True:
+            try:
+                answer = serve(executor, request)
+            except BaseException as err:
+                request = steps.throw(err)
+            else:
+                request = steps.send(answer)
+    except StopIteration as done:
+        return done.value
