@@ -15,7 +15,17 @@ timing noise alone moves a ratio on this machine, the yardstick for cells near 1
 Grid: models {mlp, lenet, cnn-bn, resnet-like} x clients trained together {20, 100, 50 (the pfl-research round of
 50 clients out of 1,000)} x batch {10, 32}, 50 rows per client (pfl-research's CIFAR-10 clients), 5 local steps.
 
+Realistic cells (``--realistic``; written under ``realistic``): what users run on CIFAR-10, where a step is
+arithmetic, not overhead: PFLlib's default CIFAR-10 CNN (conv5x5 3->32, pool, conv5x5 32->64, pool, fc 1600->512,
+fc 512->10: graphfed's ``lenet`` at 32 / 64 / 512 / 10), ``cnn-bn`` and ``resnet-like`` (width 8), on the real
+CIFAR-10 Dir(0.1) splits of 20 and 100 clients (each client's own training rows), 50 and 10 local steps, batch 10
+and 32. The loop there is the one PFLlib and FL-bench write: ``copy.deepcopy`` of the model per client, a shuffling
+``DataLoader`` over the client's tensors (epochs until the steps are done), ``SGD``, ``zero_grad / backward /
+step``, the module called as a module. graphfed runs the chunk size a fresh calibration of the run's own kind picks
+(its choice, its time and its certainty are recorded); both sides run interleaved, best of ``--repeats``.
+
     .venv/bin/python benchmarks/cpu_grid.py             # writes benchmarks/results/cpu_grid.json
+    .venv/bin/python benchmarks/cpu_grid.py --realistic --out benchmarks/results/cpu_realistic.json
 """
 
 from __future__ import annotations
@@ -99,6 +109,98 @@ def run_loop(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data: Cli
     return torch.stack(trained)
 
 
+#: (model, options) of the realistic cells: PFLlib's CIFAR-10 CNN in graphfed's LeNet, CNN-BN, ResNet-like
+REALISTIC_MODELS = (("lenet", {"channels": 32, "channels2": 64, "hidden": 512, "hidden2": 10}), ("cnn-bn", {}),
+                    ("resnet-like", {"width": 8}))
+#: (clients, local steps) of the realistic cells: a round of 20 clients x 50 steps and of 100 clients x 10 steps
+REALISTIC_ROUNDS = ((20, 50), (100, 10))
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def cifar_clients(clients: int, data_dir: Path) -> ClientSplit:
+    """The training rows of each client of CIFAR-10 Dir(0.1) over ``clients`` clients (seed 0), as a run has them."""
+    from graphfed.config import load_config
+    from graphfed.data import build_federation
+
+    config = load_config(None, ["dataset.name=cifar10", f"dataset.data_dir={data_dir}",
+                                f"dataset.num_clients={clients}", "dataset.partition=dirichlet",
+                                "dataset.dirichlet_beta=0.1", "dataset.novel_fraction=0"])
+    return build_federation(config.dataset, config.seed).train
+
+
+def run_module_loop(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data: ClientSplit,
+                    training: LocalTraining) -> torch.Tensor:
+    """PFLlib's / FL-bench's client loop: a deep copy of the model per client, a shuffling DataLoader over its
+    rows (as many epochs as the steps take), SGD, backward, step; the module called as a module."""
+    trained = []
+    for client in range(data.num_clients):
+        local = copy.deepcopy(model)
+        local.load_state_dict(dict(spec.unflatten(start[client])), strict=False)
+        local.train()
+        optimizer = torch.optim.SGD(local.parameters(), lr=training.lr)
+        x, y = data.client(client)
+        # full batches as graphfed draws them; a client with fewer rows than a batch trains on all of them
+        loader = DataLoader(TensorDataset(x, y), batch_size=training.batch_size, shuffle=True,
+                            drop_last=len(x) >= training.batch_size)
+        done = 0
+        while done < training.steps and len(x):
+            for batch_x, batch_y in loader:
+                optimizer.zero_grad()
+                nn.functional.cross_entropy(local(batch_x), batch_y).backward()
+                optimizer.step()
+                done += 1
+                if done == training.steps:
+                    break
+        trained.append(spec.flatten_module(local))
+    return torch.stack(trained)
+
+
+def measure_realistic(model_name: str, options: dict[str, Any], data: ClientSplit, steps: int, batch: int,
+                      repeats: int) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = build_model(model_name, SimpleNamespace(name="cifar10", task="classification", input_shape=(3, 32, 32),
+                                                    output_dim=CLASSES), options)  # type: ignore[arg-type]
+    spec = ParamSpec.from_module(model)
+    start = spec.flatten_module(model).unsqueeze(0).repeat(data.num_clients, 1)
+    training = LocalTraining(steps, batch, 0.05)
+    calibration_start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as cache:  # a fresh calibration, as a run on a new machine makes
+        choice = choose_clients_per_chunk(model, spec, data, plain_sgd(spec, "classification", training),
+                                          data.num_clients, cache_file=Path(cache) / "autotune.json")
+    calibration_s = time.perf_counter() - calibration_start
+    model.clients_per_chunk = choice.clients_per_chunk
+    sides = {"graphfed": lambda: run_graphfed(model, spec, start, data, training),
+             "loop": lambda: run_module_loop(model, spec, start, data, training)}
+    for run in sides.values():  # warm-up
+        run()
+    times = {name: float("inf") for name in sides}
+    for _ in range(repeats):  # interleaved: both sides see the same background load
+        for name, run in sides.items():
+            times[name] = min(times[name], best_time(run, 1))
+    return {"model": model_name, "options": options, "parameters": spec.dim, "clients": data.num_clients,
+            "median_rows": int(data.counts.median()), "batch": batch, "steps": steps,
+            "execution": choice.record(), "calibration_s": round(calibration_s, 3),
+            "graphfed_s": round(times["graphfed"], 3), "loop_s": round(times["loop"], 3),
+            "ratio": round(times["loop"] / times["graphfed"], 3)}
+
+
+def realistic(repeats: int, data_dir: Path, models: list[str] | None) -> list[dict[str, Any]]:
+    cells = []
+    for clients, steps in REALISTIC_ROUNDS:
+        data = cifar_clients(clients, data_dir)
+        for model_name, options in REALISTIC_MODELS:
+            if models and model_name not in models:
+                continue
+            for batch in BATCHES:
+                cell = measure_realistic(model_name, options, data, steps, batch, repeats)
+                cells.append(cell)
+                print(f"{model_name:12s} {clients:4d} clients x {steps} steps, batch {batch:3d}: graphfed "
+                      f"{cell['graphfed_s']:.2f} s ({cell['execution']['clients_per_chunk']} per chunk, "
+                      f"calibration {cell['calibration_s']:.1f} s), loop {cell['loop_s']:.2f} s, ratio "
+                      f"{cell['ratio']:.2f}x", flush=True)
+    return cells
+
+
 def best_time(run: Any, repeats: int) -> float:
     best = float("inf")
     for _ in range(repeats):
@@ -147,8 +249,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS / "cpu_grid.json")
+    parser.add_argument("--realistic", action="store_true",
+                        help="the realistic CIFAR-10 cells against PFLlib's loop instead of the grid")
+    parser.add_argument("--data-dir", type=Path, default=DATA)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.realistic:
+        cells = realistic(args.repeats, args.data_dir, args.models.split(",") if args.models != ",".join(MODELS)
+                          else None)
+        result = {"benchmark": "cpu_realistic", "torch": torch.__version__, "threads": args.threads,
+                  "machine": machine_info(), "cells": cells,
+                  "cells_below_1x": [f"{c['model']} {c['clients']}x{c['steps']} b{c['batch']}: {c['ratio']}x"
+                                     for c in cells if c["ratio"] < 1.0], "code": code_provenance()}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"{len(cells)} cells, {len(result['cells_below_1x'])} below 1.0x -> {args.out}")
+        return 0
     cells = []
     for model_name in args.models.split(","):
         for clients in CLIENTS:

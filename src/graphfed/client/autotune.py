@@ -3,18 +3,21 @@
 :func:`~graphfed.client.training.train_clients` trains S clients as one batched computation, split into chunks of
 ``model.clients_per_chunk`` clients (None: all S at once). Whether batching pays depends on the model, the batch
 size and the device: a small MLP trains 6-15x faster all at once, while a convolutional model's activations
-outgrow the CPU's caches and one client at a time (chunk 1, which is a per-client loop) can win. So for models
-that declare a chunk size (the convolutional ones), a run starts with a short calibration: each candidate chunk
-size trains the run's own first clients (at most :data:`CALIBRATION_CLIENTS` on a CPU,
-:data:`ACCELERATOR_CALIBRATION_CLIENTS` on a GPU) for :data:`CALIBRATION_STEPS` SGD steps of the run's batch size,
-and the fastest per client wins (on a CPU the smallest of the near-fastest, on a GPU the largest).
+outgrow the CPU's caches. So for models that declare a chunk size and batch their clients' kernels on this device
+(LeNet and the small CNNs; the BatchNorm networks run client by client on a CPU anyway), a run starts with a short
+calibration: each candidate chunk size trains the run's own first clients (at most :data:`CALIBRATION_CLIENTS` on
+a CPU, :data:`ACCELERATOR_CALIBRATION_CLIENTS` on a GPU) for :data:`CALIBRATION_STEPS` SGD steps of the run's batch
+size, timed in interleaved rounds. The model's declared size is kept unless another beats it by more than the
+timings' own spread (:func:`decide`): two sizes within noise of each other used to flip from run to run (a LeNet
+chose 4, 1, 1, 4 over four runs), and the first pick stuck in the cache.
 
 The choice is cached on disk (``$GRAPHFED_CACHE/autotune.json``) under a key of everything that changes the timing
-(model class, parameter count, input shape, batch size, device, threads, torch version, precision), so a machine
-keeps its choice and the same config gives the same numbers run after run. Chunking changes nothing but float
-rounding (clients are independent; ``tests/test_autotune.py`` checks every model). The run's ``summary.json``
-records the choice (``execution``), and ``train.clients_per_chunk`` pins it, e.g. to reproduce a run from another
-machine bit for bit. ``train.autotune: false`` keeps each model's declared chunk size without measuring.
+(model class, parameter count, input shape, batch size, device, threads, torch version, precision, the engine's
+sources), so a machine keeps its choice and the same config gives the same numbers run after run; a measurement
+taken under load (or with a wide spread) is used once and not cached. Chunking changes nothing but float rounding
+(clients are independent; ``tests/test_autotune.py`` checks every model). The run's ``summary.json`` records the
+choice and how sure it was (``execution``), and ``train.clients_per_chunk`` pins it, e.g. to reproduce a run from
+another machine bit for bit. ``train.autotune: false`` keeps each model's declared chunk size without measuring.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -41,19 +46,29 @@ from graphfed.paths import user_cache_dir
 log = logging.getLogger(__name__)
 
 #: chunk sizes tried on a CPU (those up to the number of clients trained at once, which is tried too)
-CANDIDATES = (1, 2, 4, 8, 16)
-#: clients the calibration trains on a CPU: up to this many of the run's first (a few seconds even for ResNets;
-#: rounds of more clients keep the best size found here, since chunks above 16 clients never won on the CPU grid)
-CALIBRATION_CLIENTS = 16
+CANDIDATES = (1, 2, 4, 8)
+#: clients the calibration trains on a CPU: up to this many of the run's first (rounds of more clients keep the
+#: size found here: chunks above 8 clients never won on the CPU grid, and the calibration stays under 2 s)
+CALIBRATION_CLIENTS = 8
 #: on an accelerator batching more clients fills the device (the first GPU run chose 4 of 50 small-CNN clients
 #: from the CPU's candidates and trained at 1.4x a per-client loop): larger candidates, and ties go to the larger
 ACCELERATOR_CANDIDATES = (1, 4, 16, 64, 256)
 ACCELERATOR_CALIBRATION_CLIENTS = 256
-#: SGD steps each candidate is timed over (after one warm-up call); the best of two timings counts
-CALIBRATION_STEPS = 2
+#: SGD steps each timing covers (after one warm-up call per size)
+CALIBRATION_STEPS = 1
+#: timings of every size (interleaved, so a burst of load hits them all) before the choice is judged
+CALIBRATION_ROUNDS = 5
+#: while a size looks faster than the default without beating it beyond noise, more rounds, up to this many,
+#: within CALIBRATION_SECONDS
+CALIBRATION_MAX_ROUNDS = 9
+CALIBRATION_SECONDS = 2.0
 CACHE_NAME = "autotune.json"
-#: a larger chunk must be this much faster per client than a smaller one to be chosen
+#: a size must beat the model's default beyond noise (:func:`decide`), and its median by at least this, to be chosen
 TOLERANCE = 0.05
+#: above this load per core (other work on the machine), or this spread, a measurement is suspect: it is used for
+#: this run but not cached, so the next run measures again
+SUSPECT_LOAD_PER_CORE = 1.25
+SUSPECT_SPREAD = 0.25
 
 
 @dataclass(frozen=True)
@@ -62,11 +77,22 @@ class ChunkChoice:
 
     clients_per_chunk: int | None  #: None: all clients of a call at once
     source: str  #: "pinned" (train.clients_per_chunk), "model" (its declared size), "measured" or "cached"
-    seconds_per_client: dict[int, float]  #: the calibration's timing per candidate (empty unless measured/cached)
+    seconds_per_client: dict[int, float]  #: the calibration's median timing per candidate (empty unless measured)
+    #: how sure the choice is: how it was decided, the timings' spread, rounds, the machine's load (measured only)
+    certainty: dict[str, Any] = field(default_factory=dict)
 
     def record(self) -> dict[str, Any]:
         return {"clients_per_chunk": self.clients_per_chunk, "source": self.source,
-                "seconds_per_client": {str(size): seconds for size, seconds in self.seconds_per_client.items()}}
+                "seconds_per_client": {str(size): seconds for size, seconds in self.seconds_per_client.items()},
+                **({"certainty": self.certainty} if self.certainty else {})}
+
+
+@cache
+def _code_id() -> str:
+    """The engine's sources (a cached choice is measured again when the code that trains changed)."""
+    from graphfed.provenance import engine_hash
+
+    return engine_hash()[:16]
 
 
 def timing_key(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: ClientRule) -> str:
@@ -76,7 +102,15 @@ def timing_key(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: Cli
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     return "|".join([type(model).__name__, str(spec.dim), "x".join(map(str, data.x.shape[1:])),
                      f"batch={training.batch_size}", f"precision={training.precision}", device_name,
-                     f"threads={torch.get_num_threads()}", f"torch={torch.__version__}"])
+                     f"threads={torch.get_num_threads()}", f"torch={torch.__version__}", f"code={_code_id()}"])
+
+
+def machine_load() -> float:
+    """The 1-minute load average per core (0 where the system does not say)."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return 0.0
 
 
 def choose_clients_per_chunk(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: ClientRule,
@@ -85,7 +119,9 @@ def choose_clients_per_chunk(model: TargetModel, spec: ParamSpec, data: ClientSp
     """The chunk size for ``model`` when ``clients_at_once`` clients train per call, from ``data``'s first clients.
 
     ``pinned`` wins; models without a declared chunk size, runs with ``autotune`` off and calls that train a single
-    client keep the declared size. Otherwise the cached measurement for this key, else a new one (then cached).
+    client keep the declared size; a model whose clients run one by one on this device anyway (``loops_clients_on``)
+    trains chunks of one (the same numbers, without stacking its clients' weights and gradients every step).
+    Otherwise the cached measurement for this key, else a new one (cached unless suspect).
     """
     if pinned is not None:
         return ChunkChoice(pinned, "pinned", {})
@@ -96,31 +132,66 @@ def choose_clients_per_chunk(model: TargetModel, spec: ParamSpec, data: ClientSp
     sample = min(clients_at_once, data.num_clients, most)
     if declared is None or not autotune or sample <= 1:
         return ChunkChoice(declared, "model", {})
+    if model.loops_clients_on(data.device):  # one by one whatever the chunk: a chunk of one stacks nothing
+        return ChunkChoice(1, "model", {})
     cache_file = user_cache_dir() / CACHE_NAME if cache_file is None else cache_file
     key = f"{timing_key(model, spec, data, rule)}|clients={sample}"
     cached = _read_cache(cache_file).get(key)
     if cached is not None:
         return ChunkChoice(cached["clients_per_chunk"], "cached",
-                           {int(size): seconds for size, seconds in cached["seconds_per_client"].items()})
+                           {int(size): seconds for size, seconds in cached["seconds_per_client"].items()},
+                           dict(cached.get("certainty", {})))
     candidates = CANDIDATES if on_cpu else ACCELERATOR_CANDIDATES
-    timings = measure(model, spec, data.select(torch.arange(sample, device="cpu")), rule,
-                      sorted({size for size in candidates if size < sample} | {sample}))
-    # among the chunks within TOLERANCE of the fastest (two short steps cannot rank sizes whose costs differ by a
-    # few per cent): the smallest on a CPU, where small chunks are the safe side (chunk 1 is the per-client loop);
-    # the largest on an accelerator, where more clients at once amortise the kernel launches
-    fastest = min(timings.values())
-    close = [size for size, seconds in timings.items() if seconds <= (1 + TOLERANCE) * fastest]
+    default = min(declared, sample)
+    sizes = sorted({size for size in candidates if size < sample} | {sample, default})
+    load = machine_load()
+    timings = measure(model, spec, data.select(torch.arange(sample, device="cpu")), rule, sizes, default, on_cpu)
+    best, certainty = decide(timings, default, on_cpu)
+    certainty["load_per_core"] = round(max(load, machine_load()), 2)
+    certainty["suspect"] = certainty["load_per_core"] > SUSPECT_LOAD_PER_CORE or certainty["spread"] > SUSPECT_SPREAD
+    medians = {size: statistics.median(values) for size, values in timings.items()}
+    log.info("%s: %d clients per chunk, %s (median per client: %s)", type(model).__name__, best,
+             certainty["decided"], ", ".join(f"{size}: {seconds * 1e3:.1f} ms" for size, seconds in medians.items()))
+    if not certainty["suspect"]:  # a measurement under load is this run's, not the machine's: measured again
+        _write_cache(cache_file, key, {"clients_per_chunk": best, "certainty": certainty,
+                                       "seconds_per_client": {str(size): s for size, s in medians.items()}})
+    return ChunkChoice(best, "measured", medians, certainty)
+
+
+def decide(timings: dict[int, list[float]], default: int, on_cpu: bool) -> tuple[int, dict[str, Any]]:
+    """The chunk size the timings support, and how sure: the model's ``default`` unless another size beats it
+    beyond noise, i.e. every one of its timings is below every timing of the default (with the interleaved rounds,
+    a chance ordering of two equal sizes has odds 1 in 252 at 5 rounds) and its median is TOLERANCE below; among
+    the sizes that do, the fastest (within TOLERANCE: the smallest on a CPU, the safe side; the largest on an
+    accelerator, which amortises launches)."""
+    medians = {size: statistics.median(values) for size, values in timings.items()}
+    spread = max((max(values) - min(values)) / statistics.median(values) for values in timings.values())
+    rounds = min(len(values) for values in timings.values())
+
+    def beats_default(size: int) -> bool:
+        return (max(timings[size]) < min(timings[default])
+                and medians[size] < (1 - TOLERANCE) * medians[default])
+
+    winners = [size for size in medians if size != default and beats_default(size)]
+    if not winners:
+        fastest = min(medians, key=medians.__getitem__)
+        decided = ("the default is the fastest" if fastest == default else
+                   f"the default kept: {fastest} measured faster, within the timings' spread")
+        return default, {"decided": decided, "spread": round(spread, 3), "rounds": rounds}
+    fastest = min(medians[size] for size in winners)
+    close = [size for size in winners if medians[size] <= fastest * (1 + TOLERANCE)]
     best = min(close) if on_cpu else max(close)
-    log.info("%s: %d clients per chunk (measured per client: %s)", type(model).__name__, best,
-             ", ".join(f"{size}: {seconds * 1e3:.1f} ms" for size, seconds in timings.items()))
-    _write_cache(cache_file, key, {"clients_per_chunk": best,
-                                   "seconds_per_client": {str(size): s for size, s in timings.items()}})
-    return ChunkChoice(best, "measured", timings)
+    margin = 1 - medians[best] / medians[default]
+    return best, {"decided": f"{margin:.0%} faster than the default {default}, every timing below the default's",
+                  "spread": round(spread, 3), "rounds": rounds}
 
 
-def measure(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: ClientRule,
-            sizes: list[int]) -> dict[int, float]:
-    """Seconds per client of :data:`CALIBRATION_STEPS` plain SGD steps for each chunk size in ``sizes``.
+def measure(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: ClientRule, sizes: list[int],
+            default: int | None = None, on_cpu: bool = True) -> dict[int, list[float]]:
+    """Seconds per client of :data:`CALIBRATION_STEPS` plain SGD steps for each chunk size in ``sizes``: one warm-up
+    each, then :data:`CALIBRATION_ROUNDS` interleaved rounds of one timing each, and more rounds (up to
+    :data:`CALIBRATION_MAX_ROUNDS`, within :data:`CALIBRATION_SECONDS`) while a size looks faster than ``default``
+    without clearing the spread.
 
     Plain SGD costs what the method's rule costs to within its extra terms (the forward and backward dominate).
     The global RNG is restored afterwards: a model with dropout draws the same masks with or without calibration.
@@ -130,16 +201,17 @@ def measure(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: Client
     start = spec.flatten_module(model).detach().unsqueeze(0).repeat(data.num_clients, 1)
     seeds = list(range(data.num_clients))
     declared = model.clients_per_chunk
-    timings: dict[int, float] = {}
+    timings: dict[int, list[float]] = {}
     devices = [data.device] if data.device.type == "cuda" else []
+
+    def once() -> None:
+        train_clients(model, spec, start, data, calibration, seeds)
+
+    began = time.perf_counter()
     with torch.random.fork_rng(devices=devices):
         try:
             for size in sizes:
                 model.clients_per_chunk = size
-
-                def once() -> None:
-                    train_clients(model, spec, start, data, calibration, seeds)
-
                 try:
                     once()  # warm-up: allocator, kernel selection
                 except torch.OutOfMemoryError:  # this chunk does not fit the device: nor do larger ones
@@ -147,10 +219,25 @@ def measure(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: Client
                         raise
                     torch.cuda.empty_cache()
                     break
-                timings[size] = min(synchronised_seconds(once, data.device) for _ in range(2)) / data.num_clients
+                timings[size] = []
+            for round_index in range(CALIBRATION_MAX_ROUNDS):
+                if round_index >= CALIBRATION_ROUNDS and (
+                        time.perf_counter() - began > CALIBRATION_SECONDS or default not in timings
+                        or _settled(timings, default, on_cpu)):
+                    break
+                for size in timings:
+                    model.clients_per_chunk = size
+                    timings[size].append(synchronised_seconds(once, data.device) / data.num_clients)
         finally:
             model.clients_per_chunk = declared
     return timings
+
+
+def _settled(timings: dict[int, list[float]], default: int, on_cpu: bool) -> bool:
+    """Whether more rounds cannot change the choice: a size already beats the default, or none looks faster."""
+    medians = {size: statistics.median(values) for size, values in timings.items()}
+    best, _ = decide(timings, default, on_cpu)
+    return best != default or all(medians[size] >= (1 - TOLERANCE) * medians[default] for size in medians)
 
 
 #: local steps a pack's calibration times (at most; the run's own count if fewer)

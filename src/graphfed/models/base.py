@@ -31,6 +31,11 @@ class TargetModel(nn.Module):
     #: that split a model into body and head (FedRep, FedRoD, ...) read it from here, never from parameter order
     head_module: str
 
+    def loops_clients_on(self, device: torch.device) -> bool:
+        """Whether training on ``device`` runs the clients one by one whatever the chunk size (a BatchNorm
+        network's loop on a CPU): then the chunk size changes nothing and is not calibrated."""
+        return False
+
     @property
     def head_names(self) -> tuple[str, ...]:
         """Names of the head's parameter tensors (``fc2.weight``, ``fc2.bias``, ...)."""
@@ -71,6 +76,10 @@ class TargetModel(nn.Module):
         for name, value in params.items():
             if value.shape[0] != num_clients:
                 raise ValueError(f"params[{name!r}] holds {value.shape[0]} clients but x holds {num_clients}")
+        if num_clients == 1:  # views both ways (no copy of the weights' gradients): a chunk of one client, the
+            # CPU's usual choice for BatchNorm networks, trains as a plain module does
+            one = {name: value.squeeze(0) for name, value in params.items()}
+            return functional_call(self, one, (x[0],), {"features_only": features_only}).unsqueeze(0)
         # unbind, not value[s]: its backward stacks the clients' gradients once, where each select would allocate
         # and zero-fill a gradient as large as all clients' weights (per tensor, per client, per step)
         per_client = {name: value.unbind(0) for name, value in params.items()}
@@ -104,6 +113,35 @@ class ClientGroups:
         return h.reshape(self.batch, self.num_clients, -1).transpose(0, 1)
 
 
+class _BatchedLinear(torch.autograd.Function):
+    """``baddbmm(bias, h, weight^T)`` whose weight gradient comes out in the weight's own layout.
+
+    Autograd's rule for ``baddbmm`` computes ``h^T @ grad`` (``[S, F, O]``) and hands it back transposed, so every
+    SGD step on a large layer walked a transposed gradient (at LeNet 32/64/512 on the CPU, 3 ms per step for the
+    1600 x 512 layer, 45 % of a client step: ``benchmarks/cpu_grid.py``). Here the weight gradient is
+    ``grad^T @ h`` (``[S, O, F]``), the same dot products over the batch rows, which gives the same bits on the CPU
+    (``tests/test_models.py`` checks it against autograd's rule). The backward is differentiable (create_graph)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return torch.baddbmm(bias.unsqueeze(1), h, weight.transpose(1, 2))
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+        h, weight, _ = inputs
+        ctx.save_for_backward(h, weight)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        h, weight = ctx.saved_tensors
+        grad_h = torch.bmm(grad, weight) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.bmm(grad.transpose(1, 2), h) if ctx.needs_input_grad[1] else None
+        grad_bias = grad.sum(1) if ctx.needs_input_grad[2] else None
+        return grad_h, grad_weight, grad_bias
+
+
 def batched_linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """Every client's linear layer: ``h [S, B, F]``, ``weight [S, O, F]``, ``bias [S, O]`` -> ``[S, B, O]``."""
-    return torch.baddbmm(bias.unsqueeze(1), h, weight.transpose(1, 2))
+    return _BatchedLinear.apply(h, weight, bias)

@@ -48,6 +48,7 @@ under ``torch.no_grad`` only one client's activations are alive at a time, which
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from graphfed.models.base import TargetModel
@@ -67,14 +68,20 @@ class PaddingAwareBatchNorm2d(nn.BatchNorm2d):
 
     def forward(self, h: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """``h``: ``[B, C, H, W]``; ``valid``: ``[B]`` bool, rows that enter the statistics (default all)."""
-        weight_rows = torch.ones(h.shape[0], dtype=h.dtype, device=h.device) if valid is None else valid.to(h.dtype)
-        m = weight_rows.view(-1, 1, 1, 1)
-        n = (weight_rows.sum() * (h.shape[2] * h.shape[3])).clamp_min(1.0)
-        mean = (h * m).sum(dim=(0, 2, 3), keepdim=True) / n
-        centred = h - mean
-        var = (centred.square() * m).sum(dim=(0, 2, 3), keepdim=True) / n
-        scale = torch.rsqrt(var + self.eps) * self.weight.view(1, -1, 1, 1)
-        return centred * scale + self.bias.view(1, -1, 1, 1)
+        return padding_aware_batch_norm(h, self.weight, self.bias, valid, self.eps)
+
+
+def padding_aware_batch_norm(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                             valid: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """:class:`PaddingAwareBatchNorm2d` as a function of its weights (a client's own, in the client loop)."""
+    weight_rows = torch.ones(h.shape[0], dtype=h.dtype, device=h.device) if valid is None else valid.to(h.dtype)
+    m = weight_rows.view(-1, 1, 1, 1)
+    n = (weight_rows.sum() * (h.shape[2] * h.shape[3])).clamp_min(1.0)
+    mean = (h * m).sum(dim=(0, 2, 3), keepdim=True) / n
+    centred = h - mean
+    var = (centred.square() * m).sum(dim=(0, 2, 3), keepdim=True) / n
+    scale = torch.rsqrt(var + eps) * weight.view(1, -1, 1, 1)
+    return centred * scale + bias.view(1, -1, 1, 1)
 
 
 class CNNBN(TargetModel):
@@ -104,6 +111,9 @@ class CNNBN(TargetModel):
 
     batch_statistics = True
 
+    def loops_clients_on(self, device: torch.device) -> bool:
+        return device.type == "cpu"  # batched_forward's client loop (see its docstring)
+
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``[B, C, H, W]`` -> ``[B, hidden]`` (the head's input). All-zero rows are left out of BN
         statistics."""
@@ -123,7 +133,24 @@ class CNNBN(TargetModel):
         """
         if x.device.type != "cpu" and torch.is_grad_enabled():
             return self.vmap_forward(params, x, features_only)
+        if x.shape[0] == 1:  # one client (the CPU's chunk): its weights straight into the layers' functions, views
+            # both ways, no module to re-parametrise: the same kernels as the module, in less time than calling it
+            return self.client_forward({name: value.squeeze(0) for name, value in params.items()}, x[0],
+                                       features_only).unsqueeze(0)
         return self.client_loop_forward(params, x, features_only)
+
+    def client_forward(self, weights: dict[str, torch.Tensor], x: torch.Tensor,
+                       features_only: bool = False) -> torch.Tensor:
+        """:meth:`forward` with ``weights`` (one client's, by parameter name) in place of the module's own."""
+        valid = x.flatten(1).ne(0).any(dim=1)
+        h = F.conv2d(x, weights["conv1.weight"], weights["conv1.bias"])
+        h = torch.max_pool2d(torch.relu(padding_aware_batch_norm(h, weights["bn1.weight"], weights["bn1.bias"],
+                                                                 valid, self.bn1.eps)), 2)
+        h = F.conv2d(h, weights["conv2.weight"], weights["conv2.bias"])
+        h = torch.max_pool2d(torch.relu(padding_aware_batch_norm(h, weights["bn2.weight"], weights["bn2.bias"],
+                                                                 valid, self.bn2.eps)), 2)
+        h = torch.relu(F.linear(h.flatten(1), weights["fc1.weight"], weights["fc1.bias"]))
+        return h if features_only else F.linear(h, weights["fc2.weight"], weights["fc2.bias"])
 
     def vmap_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor,
                      features_only: bool = False) -> torch.Tensor:

@@ -140,6 +140,9 @@ class ResNetLike(TargetModel):
     def features(self, x: torch.Tensor) -> torch.Tensor:
         return self.body(x).mean(dim=(2, 3))  # global average pooling
 
+    def loops_clients_on(self, device: torch.device) -> bool:
+        return True  # batched_forward is a client loop on every device
+
     def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor,
                         features_only: bool = False) -> torch.Tensor:
         # One network per client: faster than vmap for CNNs on CPU, and a client's outputs do not depend on how

@@ -1,0 +1,95 @@
+"""The client step's fast paths give the bits the plain expressions give: the batched linear layer's hand-written
+backward against autograd's rule for ``baddbmm``, the SGD update written into the gradient's memory against
+``value - lr * grad``, and a BatchNorm network's one-client path against its module."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.func import functional_call, vmap
+
+from graphfed.client.contract import LocalStep, sgd_update
+from graphfed.models import build_model
+from graphfed.models.base import batched_linear
+
+
+def _linear_inputs(seed: int, clients: int = 3, rows: int = 10, features: int = 40, outputs: int = 7):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(clients, rows, features, generator=generator),
+            torch.randn(clients, outputs, features, generator=generator),
+            torch.randn(clients, outputs, generator=generator),
+            torch.randn(clients, rows, outputs, generator=generator))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_batched_linear_gradients_are_autograds_bits_in_the_weights_layout(seed: int) -> None:
+    """Forward and every gradient equal baddbmm's own, bit for bit, and the weight's gradient is contiguous (what
+    the SGD step then reads without a transposed walk)."""
+    h, weight, bias, upstream = _linear_inputs(seed)
+    leaves = [t.clone().requires_grad_() for t in (h, weight, bias)]
+    ours = batched_linear(*leaves)
+    ours_grads = torch.autograd.grad(ours, leaves, upstream)
+    plain = [t.clone().requires_grad_() for t in (h, weight, bias)]
+    reference = torch.baddbmm(plain[2].unsqueeze(1), plain[0], plain[1].transpose(1, 2))
+    reference_grads = torch.autograd.grad(reference, plain, upstream)
+    assert torch.equal(ours, reference)
+    for mine, theirs in zip(ours_grads, reference_grads, strict=True):
+        assert torch.equal(mine, theirs)
+    assert ours_grads[1].is_contiguous() and not reference_grads[1].is_contiguous()
+
+
+def test_batched_linear_supports_second_derivatives_and_vmap() -> None:
+    """Rules that differentiate through a step (create_graph) and transforms that vmap a client get the same
+    numbers as through baddbmm."""
+    h, weight, bias, upstream = _linear_inputs(5)
+    w1, w2 = weight.clone().requires_grad_(), weight.clone().requires_grad_()
+    (g1,) = torch.autograd.grad((batched_linear(h, w1, bias) - upstream).square().sum(), w1, create_graph=True)
+    (g2,) = torch.autograd.grad((torch.baddbmm(bias.unsqueeze(1), h, w2.transpose(1, 2)) - upstream).square().sum(),
+                                w2, create_graph=True)
+    (hessian_ours,) = torch.autograd.grad(g1.square().sum(), w1)
+    (hessian_plain,) = torch.autograd.grad(g2.square().sum(), w2)
+    torch.testing.assert_close(hessian_ours, hessian_plain, rtol=0, atol=0)
+    mapped = vmap(lambda x, w, b: batched_linear(x.unsqueeze(0), w.unsqueeze(0), b.unsqueeze(0))[0])(h, weight, bias)
+    assert torch.equal(mapped, batched_linear(h, weight, bias))
+
+
+def test_the_in_place_sgd_update_gives_the_expressions_bits_and_never_writes_a_shared_gradient() -> None:
+    generator = torch.Generator().manual_seed(0)
+    value, grad = torch.randn(64, 33, generator=generator), torch.randn(64, 33, generator=generator)
+    expected = value - 0.05 * grad
+    owned = grad.clone()
+    updated = sgd_update(value, owned, 0.05, owned=True)
+    assert torch.equal(updated, expected) and updated.data_ptr() == owned.data_ptr()  # no new weight-sized tensor
+    shared = grad.clone()
+    assert torch.equal(sgd_update(value, shared, 0.05, owned=False), expected) and torch.equal(shared, grad)
+    transposed = grad.t().contiguous().t()  # a batched linear layer's layout under autograd's own rule
+    assert torch.equal(sgd_update(value, transposed, 0.05, owned=True), expected)
+    assert torch.equal(transposed, grad)  # the strided gradient was copied, not written into
+
+
+def test_descend_does_not_write_into_a_gradient_two_leaves_share() -> None:
+    """``a + b`` hands both leaves the same gradient tensor: updating one in place would move the other."""
+    a, b = torch.ones(5, requires_grad=True), torch.full((5,), 2.0, requires_grad=True)
+    local = LocalStep(SimpleNamespace(), "regression", 0, [], None, 0.5, None, None, {})  # type: ignore[arg-type]
+    stepped = local.descend({"a": a, "b": b}, (3 * (a + b)).sum().reshape(1))
+    assert torch.equal(stepped["a"], torch.full((5,), 1 - 1.5)) and torch.equal(stepped["b"], torch.full((5,), 0.5))
+
+
+def test_a_batchnorm_networks_one_client_path_is_its_module_bit_for_bit() -> None:
+    """CNN-BN's chunk of one client runs its layers' functions on the client's weights: forward and gradients equal
+    the module's (functional_call), so the faster path changes no number."""
+    torch.manual_seed(0)
+    shape = SimpleNamespace(name="x", task="classification", input_shape=(3, 32, 32), output_dim=10)
+    model = build_model("cnn-bn", shape, {})  # type: ignore[arg-type]
+    x = torch.randn(1, 8, 3, 32, 32)
+    params = {name: value.detach().unsqueeze(0).requires_grad_() for name, value in model.named_parameters()}
+    fast = model.batched_forward(params, x)
+    fast_grads = torch.autograd.grad(fast.square().sum(), list(params.values()))
+    module_params = {name: value.detach().clone().requires_grad_() for name, value in model.named_parameters()}
+    slow = functional_call(model, module_params, (x[0],))
+    slow_grads = torch.autograd.grad(slow.square().sum(), list(module_params.values()))
+    assert torch.equal(fast[0], slow)
+    for mine, theirs in zip(fast_grads, slow_grads, strict=True):
+        assert torch.equal(mine[0], theirs)
