@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # the project's real datasets, beside the clone (graphfed's own default is the user's data folder)
 export GRAPHFED_DATA ?= $(abspath ../shared/data)
 
-.PHONY: demo test lint bench clean setup
+.PHONY: demo test lint docs bench clean setup
 
 setup: $(STAMP)
 
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[dev,flower,trackers]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,docs,flower,trackers]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -25,7 +25,7 @@ demo: $(STAMP)
 # The installed-wheel check (tools/check_wheel.py: fresh venvs at the newest and lowest versions the bounds allow,
 # mostly network and disk) runs beside the tests, which take both cores (pytest-xdist).
 test: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks tools
+	$(BIN)/ruff check src tests benchmarks tools docs
 	$(BIN)/lint-imports
 	$(BIN)/python tools/check_wheel.py > $(VENV)/wheel-check.log 2>&1 & wheel=$$!; \
 	$(BIN)/python -m pytest -n 2; tests=$$?; \
@@ -33,7 +33,7 @@ test: $(STAMP)
 	[ $$tests -eq 0 ] && [ $$checked -eq 0 ]
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks tools
+	$(BIN)/ruff check src tests benchmarks tools docs
 	$(BIN)/lint-imports
 
 bench: $(STAMP)
@@ -48,5 +48,10 @@ bench: $(STAMP)
 	$(BIN)/graphfed bench benchmarks/suites/robustness.yaml --out benchmarks/results/robustness --in-process
 	$(BIN)/python benchmarks/robustness.py
 
+# The documentation site into site/ (warnings are errors; tests/test_docs.py builds it too and runs its runnable
+# blocks). The two variables silence a notice the MkDocs plugins print on every build about MkDocs 2.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs site .pytest_cache .ruff_cache

@@ -15,18 +15,22 @@ evaluation every round, and injects its fault once round ``--fault-after`` has b
   the run; restart the node and ``flwr run`` again: it resumes;
 * ``serverapp_killed``: SIGKILL the ServerApp process; ``flwr run`` the same app again (``flower.resume: auto``);
 * ``superlink_restarted``: SIGKILL the SuperLink (started with ``--database``) and start it again on the same
-  ports and database file; the SuperNodes reconnect, but in Flower 1.41 the ServerApp ends with its SuperLink, so
-  ``flwr run`` is started again and resumes from the checkpoint;
+  ports and database file; the SuperNodes reconnect. Then what the docs tell an operator: ``flwr run`` the app
+  again at once. Whichever ServerApp goes on (the first may reconnect to the restarted SuperLink), the other is
+  refused by the run folder's writer lock: each round is trained once;
+* ``rerun_while_running``: no fault, but ``flwr run`` the same app a second time while its first ServerApp trains
+  (an operator or a supervisor retrying): the second ServerApp is refused with one line, the first completes;
 * ``sim_stragglers``: the simulator's model of slow clients (``train.stragglers: 0.25``, one round late);
 * ``nodes_20``: no fault, 20 SuperNodes, for the per-round cost of a larger federation on this machine, beside
   the same config on graphfed's simulator and on the in-process grid (Flower's messages, no processes).
 
-For each: the summary's status, the rounds run, clients dropped / rounds missed / clients re-admitted / resume
-points, how many clients the reported score covers, whether the numbers equal the reference's (``same_numbers``:
-test and validation means and every client's scores), ``flwr run``'s exit codes (they do not tell whether the
-run survived: ``summary.json`` does) and wall times per round.
+For each: the summary's status, the rounds run (and any logged twice), clients dropped / rounds missed / clients
+re-admitted / resume points, how many clients the reported score covers, whether the numbers equal the reference's
+(``same_numbers``: test and validation means and every client's scores), ``flwr run``'s exit codes (they do not tell
+whether the run survived), what ``graphfed status`` says with its exit code (it does: ``status_ok`` checks it
+against the summary), how many ServerApps were refused as second writers, and wall times per round.
 
-    .venv/bin/python benchmarks/flower_faults.py                 # every scenario, 4 nodes, 5 rounds (~15 min)
+    .venv/bin/python benchmarks/flower_faults.py                 # every scenario, 4 nodes, 5 rounds (~27 min)
     .venv/bin/python benchmarks/flower_faults.py --scenarios none,node_restarted --rounds 4
 """
 
@@ -56,7 +60,10 @@ from test_flower_processes import VENV_BIN, Deployment, Processes, free_ports, m
 
 RESULTS = ROOT / "benchmarks" / "results" / "faults.json"
 SCENARIOS = ("none", "node_killed", "node_restarted", "node_paused", "min_replies_stop", "serverapp_killed",
-             "superlink_restarted", "sim_stragglers", "nodes_20")
+             "superlink_restarted", "rerun_while_running", "sim_stragglers", "nodes_20")
+#: ``graphfed status``'s exit code for each final state of a run (the table in the docs)
+STATUS_EXIT = {"completed": 0, "stopped": 3, "failed": 1}
+REFUSED = "another process is writing this run"
 PAUSE_SECONDS = 60.0  # node_paused: how long the SuperNode is stopped (SIGSTOP), longer than Flower's heartbeat wait
 VICTIM = 1  # the partition whose node is killed
 RUN_TIMEOUT = 900.0
@@ -117,11 +124,21 @@ def scenario(name: str, workdir: Path, nodes: int, rounds: int, fault_after: int
     try:
         run = dep.procs.start("flwr-run", [str(VENV_BIN / "flwr"), "run", str(app), "dep", "--stream"],
                               dep.cli_env())
-        if name not in ("none", "nodes_20"):
+        reruns = []
+        if name == "rerun_while_running":
+            wait_until(lambda: rounds_done(results) >= fault_after or not run.alive(), RUN_TIMEOUT,
+                       f"round {fault_after} evaluated")
+            record["fault_at_round"] = rounds_done(results)
+            reruns.append(dep.procs.start("flwr-run-again", [str(VENV_BIN / "flwr"), "run", str(app), "dep",
+                                                            "--stream"], dep.cli_env()))
+        elif name not in ("none", "nodes_20"):
             wait_until(lambda: rounds_done(results) >= fault_after or not run.alive(), RUN_TIMEOUT,
                        f"round {fault_after} evaluated")
             record["fault_at_round"] = rounds_done(results)
             inject(name, dep)
+            if name == "superlink_restarted":  # what the docs say to do: flwr run again, at once
+                reruns.append(dep.procs.start("flwr-run-again", [str(VENV_BIN / "flwr"), "run", str(app), "dep",
+                                                                "--stream"], dep.cli_env()))
             if name == "serverapp_killed":
                 run.popen.wait(timeout=RUN_TIMEOUT)
                 record["exit_codes"].append(run.popen.returncode)
@@ -140,15 +157,14 @@ def scenario(name: str, workdir: Path, nodes: int, rounds: int, fault_after: int
                                   dep.cli_env())
             run.popen.wait(timeout=RUN_TIMEOUT)
             record["exit_codes"].append(run.popen.returncode)
-        if name == "superlink_restarted" and not (results / "summary.json").exists():
-            # the ServerApp lost its SuperLink and ended (Flower 1.41); the nodes reconnected to the restarted
-            # SuperLink: `flwr run` again, and the ServerApp resumes from its checkpoint
-            record["serverapp_started_again"] = True
-            run = dep.procs.start("flwr-run-again", [str(VENV_BIN / "flwr"), "run", str(app), "dep", "--stream"],
-                                  dep.cli_env())
-            run.popen.wait(timeout=RUN_TIMEOUT)
-            record["exit_codes"].append(run.popen.returncode)
+        for again in reruns:
+            again.popen.wait(timeout=RUN_TIMEOUT)
+            record["exit_codes"].append(again.popen.returncode)
+        # every ServerApp of this deployment has ended (one may have gone on after its `flwr run` stream was cut)
+        wait_until(lambda: not serverapp_pids(dep), RUN_TIMEOUT, "every ServerApp to end")
         record["wall_seconds"] = round(time.monotonic() - started, 1)
+        outputs = [proc.log.read_text(errors="replace") for proc in dep.procs.procs if proc.name.startswith("flwr-run")]
+        record["serverapps_refused"] = sum(output.count(REFUSED) > 0 for output in outputs)
         summary_path = results / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
         rounds_log = [json.loads(line) for line in (results / "rounds.jsonl").read_text().splitlines()]
@@ -163,11 +179,23 @@ def scenario(name: str, workdir: Path, nodes: int, rounds: int, fault_after: int
             "seconds_per_round": seconds_per_round(results, 2),
             "numbers": {key: summary.get(key) for key in NUMBERS},
         })
+        logged = record["rounds_logged"]
+        record["rounds_logged_twice"] = sorted({r for r in logged if logged.count(r) > 1})
+        record.update(status_of(results, summary))
     finally:
         record["left_running"] = dep.procs.stop()
     if name == "nodes_20":
         record["same_config_elsewhere"] = other_engines(load_config(config_path, []), workdir)
     return record
+
+
+def status_of(results: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """What ``graphfed status`` tells a supervisor about the run, and whether its exit code fits the summary."""
+    told = subprocess.run([str(VENV_BIN / "graphfed"), "status", str(results)], capture_output=True, text=True,
+                          timeout=120)
+    state = str(summary.get("status", "none")).split(":")[0]
+    return {"status_line": told.stdout.strip(), "status_exit": told.returncode,
+            "status_ok": told.returncode == STATUS_EXIT.get(state, 3)}
 
 
 def simulated_stragglers(workdir: Path, nodes: int, rounds: int) -> dict[str, Any]:
@@ -243,6 +271,7 @@ def main() -> None:
     parser.add_argument("--fault-after", type=int, default=2, help="inject once this many rounds are evaluated")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    code = code_provenance()  # the code that runs the scenarios, taken before they start (the tree may change after)
     names = [name for name in args.scenarios.split(",") if name]
     unknown = set(names) - set(SCENARIOS)
     if unknown:
@@ -272,7 +301,7 @@ def main() -> None:
                 "method": "ditto", "dataset": "fln (one client per SuperNode, every client every round)",
                 "scenarios": [records[name] for name in SCENARIOS if name in records]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    document["code"] = code_provenance()  # the numbers are tied to the code that made them
+    document["code"] = code  # the numbers are tied to the code that made them
     args.out.write_text(json.dumps(document, indent=2) + "\n")
     print(f"wrote {args.out}")
 

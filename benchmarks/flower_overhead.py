@@ -215,6 +215,35 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: what a SuperNode's ClientApp process imports before it can answer one message (Flower starts one per message)
+CLIENTAPP_IMPORTS = {"flwr alone": "import flwr.clientapp",
+                     "graphfed's ClientApp": "import flwr.clientapp, graphfed.flower.app"}
+
+
+def clientapp_start(out: Path, repeats: int = 7) -> None:
+    """Seconds a fresh ClientApp process spends importing before it answers (median of ``repeats`` cold-ish starts),
+    written into ``out`` beside the runs under ``clientapp_start``."""
+    seconds = {}
+    for name, code in CLIENTAPP_IMPORTS.items():
+        times = []
+        for _ in range(repeats):
+            begin = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], check=True)
+            times.append(time.perf_counter() - begin)
+        seconds[name] = round(statistics.median(times), 3)
+    document = json.loads(out.read_text()) if out.exists() else {}
+    document["clientapp_start"] = {
+        "median_seconds": seconds, "repeats": repeats, "load_average": os.getloadavg(), "code": code_provenance(),
+        "per_round": "every node pays it twice per round (a train and an evaluate message), in parallel across nodes "
+                     "but serially on a machine with fewer cores than nodes",
+        "what_would_remove_it": "a ClientApp kept warm between messages; Flower 1.41 starts one process per message "
+                                "by design (the SuperNode is the long-lived part), so graphfed cannot keep it warm; "
+                                "the per-message cost is torch's import, which graphfed's ClientApp module cannot "
+                                "avoid (it trains with torch)"}
+    out.write_text(json.dumps(document, indent=2) + "\n")
+    print(json.dumps(document["clientapp_start"]["median_seconds"]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--methods", default="fedavg,panacea", help="comma-separated graphfed methods")
@@ -227,7 +256,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="runs per engine; the fastest loop counts")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per `flwr run`")
     parser.add_argument("--out", type=Path, default=RESULTS / "flower_overhead.json")
+    parser.add_argument("--clientapp-start", action="store_true",
+                        help="only measure a ClientApp process's start-up (written into --out beside the runs)")
     args = parser.parse_args()
+    if args.clientapp_start:
+        clientapp_start(args.out)
+        return
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = sorted(set(engines) - set(ENGINES))
     if unknown:

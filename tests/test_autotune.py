@@ -24,9 +24,10 @@ COUNTS = (7, 12, 9, 5, 10)
 
 @pytest.fixture(autouse=True)
 def quiet_machine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The tests' own load (two xdist workers) must not make every calibration suspect; a test that is about
-    load sets its own."""
+    """The tests' own load (two xdist workers) must not make every calibration suspect, by the load or by the spread
+    it puts into the timings; a test that is about load sets its own."""
     monkeypatch.setattr(autotune, "machine_load", lambda: 0.2)
+    monkeypatch.setattr(autotune, "SUSPECT_SPREAD", float("inf"))
 
 
 def _model_and_rule(name: str) -> tuple[object, ParamSpec, ClientSplit, ClientRule, torch.Tensor]:

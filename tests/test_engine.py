@@ -135,14 +135,19 @@ def test_resuming_a_flower_checkpoint_in_the_simulator_says_exactly_why_not(make
     versions wrote ``clients: {}``): `--resume` in the simulator names that and says how to continue on Flower."""
     from graphfed.sim.checkpoint import load_checkpoint, save_checkpoint
 
-    config = make_config("fedavg", "train.rounds=5")
+    config = make_config("fedavg", "train.rounds=5", "train.checkpoint_every=2")
     run_config(config, tmp_path, progress=False)
     state = load_checkpoint(tmp_path)
     for flower_clients in ({}, {"flower": {"run_token": "0" * 32}}):
-        save_checkpoint(tmp_path, {**state, "clients": flower_clients})
-        with pytest.raises(CheckpointError, match=r"written by a Flower run after round 5; its clients' state is on "
+        save_checkpoint(tmp_path, {**state, "clients": flower_clients, "completed_rounds": 4})
+        with pytest.raises(CheckpointError, match=r"written by a Flower run after round 4; its clients' state is on "
                                                   r"its nodes, so only Flower can continue it: start the same Flower "
                                                   r"App again \(flwr run\), its ServerApp resumes"):
+            run_config(config, tmp_path, resume=True, progress=False)
+        # a Flower run that finished has nothing to resume: no ServerApp would continue it either
+        save_checkpoint(tmp_path, {**state, "clients": flower_clients})
+        with pytest.raises(CheckpointError, match=r"a Flower run's that finished all 5 rounds; there is nothing to "
+                                                  r"resume"):
             run_config(config, tmp_path, resume=True, progress=False)
 
 

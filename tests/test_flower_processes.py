@@ -398,6 +398,36 @@ def test_deployment_run_survives_a_killed_supernode(deployment: Deployment) -> N
 
 
 @pytest.mark.slow
+def test_deployment_a_second_serverapp_for_the_same_run_is_refused(deployment: Deployment) -> None:
+    """The one-writer rule on loopback: `flwr run` the App while its first ServerApp is training (what an operator
+    does after a SuperLink restart whose ServerApp reconnected). The second ServerApp is refused with one line
+    before it asks any node for anything; the first trains each round once and completes; `graphfed status`
+    tells a supervisor both fates (running, then completed) by exit code."""
+    deployment.ensure_supernodes()
+    procs = deployment.procs
+    app, results = write_app(procs.workdir, "twice", "fedavg", "train.rounds=4", "flower.writer_wait=5", eval_every=1,
+                             cli=False)
+    first = procs.start("flwr-run-first", [str(VENV_BIN / "flwr"), "run", str(app), "dep", "--stream"],
+                        deployment.cli_env())
+    deadline = time.monotonic() + KILL_TRIGGER_TIMEOUT
+    while not ((results / "rounds.jsonl").exists() and (results / "rounds.jsonl").read_text().strip()):
+        if time.monotonic() > deadline or not first.alive():
+            pytest.fail(f"the first ServerApp never logged round 1\n{procs.tails()}")
+        time.sleep(0.2)
+    status = subprocess.run([str(VENV_BIN / "graphfed"), "status", str(results)], capture_output=True, text=True)
+    assert status.returncode == 5 and status.stdout.startswith("running: pid "), status
+
+    second = run_flwr(procs, "flwr-run-second", ["run", str(app), "dep", "--stream"], deployment.cli_env())
+    assert "another process is writing this run" in second, procs.tails()
+    procs.wait(first, RUN_TIMEOUT, "the first run")
+    summary = read_summary(results, procs)
+    assert summary["status"] == "completed", procs.tails()
+    assert [r["round"] for r in read_rounds(results)] == [1, 2, 3, 4]  # each round trained and logged once
+    status = subprocess.run([str(VENV_BIN / "graphfed"), "status", str(results)], capture_output=True, text=True)
+    assert status.returncode == 0 and status.stdout.startswith("completed: test accuracy "), status
+
+
+@pytest.mark.slow
 def test_secagg_plus_fedavg_on_real_supernodes_matches_the_plain_run(deployment: Deployment) -> None:
     """`flower.secure_aggregation: true`: `graphfed flower-app` writes the SecAgg+ app; 2 rounds of FedAvg through
     Flower's SecAgg+ workflow (3 SuperNodes, every client in every round) end where the simulator's plain run

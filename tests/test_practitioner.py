@@ -224,15 +224,15 @@ def test_inspect_reports_size_imbalance_and_warns_about_a_dominant_client(tmp_pa
 
 # ---- datasets as plugins ------------------------------------------------------------------------------------------
 
-def test_the_readme_plugin_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    """The README's user-registered dataset, run exactly as printed there."""
+def test_the_docs_plugin_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """The docs' user-registered dataset (how-to/own-federation.md), run exactly as printed there."""
     from graphfed.data import DATASETS
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[1] / "docs" / "how-to" / "own-federation.md").read_text()
     start = readme.index("```python\nimport numpy as np\nfrom graphfed.config import load_config\n")
     code = readme[start + len("```python\n"):readme.index("```", start + 10)]
     try:
-        exec(compile(code, "README.md", "exec"), {"__name__": "readme_example"})
+        exec(compile(code, "own-federation.md", "exec"), {"__name__": "readme_example"})
         printed = capsys.readouterr().out
         assert printed.startswith("sensors: test accuracy ")
         accuracy = float(printed.split("test accuracy ")[1].split(",")[0])

@@ -44,15 +44,18 @@ def run_suite(source: Path, out: Path, no_privacy: bool) -> None:
 
 
 def differences(old: dict, new: dict) -> tuple[list[str], list[str]]:
-    """(fields that differ, fields only one side records), over every run."""
+    """(fields that differ, fields only one side records), over every run. A field REV never filled in any run
+    (None throughout: REV's summary had the field but nothing recorded it) counts as one REV does not record."""
     differ, unshared = [], []
+    never_recorded = {field for field in {f for run in old.values() for f in run}
+                      if all(run.get(field) is None for run in old.values())}
     for run in sorted(set(old) | set(new)):
         if run not in old or run not in new:
             differ.append(f"{run}: run by one side only")
             continue
         a, b = old[run], new[run]
         for field in sorted(set(a) | set(b)):
-            if field not in a or field not in b:
+            if field not in a or field not in b or (field in never_recorded and b[field] is not None):
                 unshared.append(f"{run}.{field}")
             elif field == "per_client" and isinstance(a[field], dict) and isinstance(b[field], dict):
                 for client in set(a[field]) | set(b[field]):
@@ -88,6 +91,7 @@ def main() -> int:
             old_behaviour = old_vouches.get("engines", {}).get(old_engine, old_engine[:16])
             old_module_classes = old_vouches.get("modules", {})
             legacy_id = provenance.source_hash(old_root)[:16]
+            records_modules = "def run_code(" in (old_root / "provenance.py").read_text()
             modules = provenance.specific_hashes(old_root)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
@@ -110,11 +114,13 @@ def main() -> int:
         classes = modules_table.setdefault(path, {})
         join(classes, modules[path], old_module_classes.get(path, {}).get(modules[path], modules[path]),
              provenance.file_hash(path))
-    legacy[legacy_id] = {"revision": args.revision, "behaviour": joined, "modules": modules,
-                         "scope": {"privacy": not args.no_privacy}}
+    if not records_modules:  # REV's runs recorded one code id over all its sources: say what it stands for
+        legacy[legacy_id] = {"revision": args.revision, "behaviour": joined, "modules": modules,
+                             "scope": {"privacy": not args.no_privacy}}
     provenance.BEHAVIOUR.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-    print(f"vouched: today's engine behaves as {args.revision}'s (behaviour {joined}); its code id {legacy_id} is "
-          f"recorded with its {len(modules)} module hashes; the suite ran {len(covered)} run-specific modules, "
+    print(f"vouched: today's engine behaves as {args.revision}'s (behaviour {joined})"
+          + ("" if records_modules else f"; its code id {legacy_id} is recorded with its {len(modules)} module hashes")
+          + f"; the suite ran {len(covered)} run-specific modules, "
           f"{len(changed)} changed since ({', '.join(changed) or 'none'}): each now one class with its old self")
     return 0
 

@@ -29,10 +29,11 @@ if TYPE_CHECKING:
 
 EXIT_CONFIG = EXIT_INPUT  # invalid config, unknown method/dataset/model, bad --set, data files, suites
 EXIT_RUN = EXIT_STOPPED  # the run stopped (non-finite update, unusable checkpoint)
+# EXIT_IN_USE (4, graphfed.errors): another process is writing the run folder
 EXIT_INTERNAL = 1  # a bug: anything that is not a GraphfedError
 EXIT_INTERRUPTED = 130
 BUG_REPORT = ("this is a bug in graphfed (or in a plugin it runs), not in your input: please report it with the "
-              "command and the output of the same command with --verbose (README, 'Reporting a bug')")
+              "command and the output of the same command with --verbose (docs: Runs, errors and exit codes)")
 
 
 class _Commands(typer.Typer):
@@ -233,7 +234,8 @@ def _print_summary(summary: RunResult) -> None:
     pooled = summary.test_pooled
     scored, training = summary.scored_clients, summary.training_clients
     coverage = "—" if scored is None or training is None else f"{scored} of {training}" + (
-        " (shrank: replies lost)" if scored < training else "")
+        f" (no reply: {', '.join(summary.unscored_clients[:5])}{', ...' if len(summary.unscored_clients) > 5 else ''})"
+        if summary.unscored_clients else " (shrank: replies lost)" if scored < training else "")
     table.add_row(format_value((summary.test_mean, summary.test_std), metric), coverage,
                   format_value((pooled, 0.0), metric).split(" ±")[0],
                   format_value(None if summary.novel_mean is None
@@ -242,6 +244,7 @@ def _print_summary(summary: RunResult) -> None:
                                else (summary.novel_adapted_mean, summary.novel_adapted_std), metric),
                   f"{summary.wall_seconds:.1f}")
     show(table)
+    print_lost_uploads(summary)
     for flag in summary.flags:
         console.print(f"[yellow]note:[/yellow] {flag}")
     if summary.privacy:
@@ -411,6 +414,41 @@ def _variant(text: str) -> tuple[str, list[str]]:
     return label, pairs
 
 
+#: ``graphfed status``'s exit code per fate (the table is in the docs, "Runs, errors and exit codes", and the README)
+STATUS_EXIT = {"completed": 0, "failed": EXIT_INTERNAL, "none": EXIT_CONFIG, "stopped": EXIT_RUN, "running": 5,
+               "interrupted": EXIT_INTERRUPTED}
+
+
+@app.command("status")
+def status_command(run_dir: Annotated[Path, typer.Argument(help="a run folder (graphfed run --out, or a Flower "
+                                                                "app's out_dir)")],
+                   wait: Annotated[bool, typer.Option("--wait", help="while the run is running, wait for its end")]
+                   = False,
+                   interval: Annotated[float, typer.Option(help="--wait: seconds between looks", min=0.1)] = 5.0
+                   ) -> None:
+    """The run's fate in one line and an exit code a supervisor can act on: 0 completed, 3 stopped (its reason
+    follows; resume it), 1 failed (a bug), 130 interrupted, 5 still running, 2 no run there."""
+    import time
+
+    from graphfed.runs import run_fate
+
+    if not run_dir.is_dir():
+        _fail(f"{run_dir}: not a directory", EXIT_CONFIG)
+    state, line = run_fate(run_dir)
+    while wait and state == "running":
+        time.sleep(interval)
+        state, line = run_fate(run_dir)
+    typer.echo(printable(line))
+    raise typer.Exit(STATUS_EXIT[state])
+
+
+@app.command("flower-status", hidden=True)
+def flower_status(run_dir: Annotated[Path, typer.Argument()], wait: Annotated[bool, typer.Option("--wait")] = False,
+                  interval: Annotated[float, typer.Option(min=0.1)] = 5.0) -> None:
+    """graphfed status, by the name a Flower operator looks for."""
+    status_command(run_dir, wait, interval)
+
+
 @app.command("show")
 def show_run(run_dir: Annotated[Path, typer.Argument(help="a run directory (holds summary.json)")],
              show_all: Annotated[bool, typer.Option("--all", help="every client, not the first 50")] = False) -> None:
@@ -433,10 +471,24 @@ def show_run(run_dir: Annotated[Path, typer.Argument(help="a run directory (hold
         from graphfed.report.tables import privacy_sentence
 
         console.print(privacy_sentence(result.privacy))
+    print_lost_uploads(result)
     if not result.per_client:
         console.print("no per-client scores (a run written by an older graphfed)")
         return
     show(per_client_table(result, None if show_all else 50))
+
+
+def print_lost_uploads(summary: RunResult) -> None:
+    """Whose training uploads never reached the server, in which rounds (the simulator's train.dropout and
+    stragglers; Flower's dropped replies)."""
+    if not summary.missed_rounds:
+        return
+    lost = sum(len(rounds) for rounds in summary.missed_rounds.values())
+    named = "; ".join(f"{client} in round{'s' if len(rounds) > 1 else ''} {', '.join(map(str, rounds))}"
+                      for client, rounds in list(summary.missed_rounds.items())[:8])
+    more = f"; and {len(summary.missed_rounds) - 8} more clients" if len(summary.missed_rounds) > 8 else ""
+    console.print(f"[yellow]note:[/yellow] {lost} training upload(s) lost: {named}{more} (summary.json: "
+                  f"dropped_clients)")
 
 
 @app.command("export")
@@ -482,7 +534,7 @@ def flower_app(config: Annotated[Path, typer.Argument(help="YAML run config")],
                overrides: SetOption = None,
                results: Annotated[Path | None, typer.Option(help="where the ServerApp writes summary.json etc. "
                                                             "(default OUT/results)")] = None) -> None:
-    """Write a Flower App folder that runs CONFIG on Flower: `flwr run OUT` (see README, 'Flower')."""
+    """Write a Flower App folder that runs CONFIG on Flower: `flwr run OUT` (docs: how-to/flower.md)."""
     try:
         from graphfed.flower.app_folder import write_app_folder
     except ImportError:
@@ -500,7 +552,7 @@ def flower_app(config: Annotated[Path, typer.Argument(help="YAML run config")],
                   f"\"num-supernodes={cfg.dataset.num_clients or 'N'} "
                   f"client-resources-num-cpus={cfg.flower.client_cpus:g} "
                   f"client-resources-num-gpus={cfg.flower.client_gpus:g}\" --stream\n"
-                  f"  deployment: see README, section 'Flower'")
+                  f"  deployment: see the docs, how-to/flower.md")
 
 
 @app.command("privacy-audit")
@@ -664,8 +716,8 @@ def _names(text: str | None) -> list[str] | None:
 
 
 @app.command("inspect")
-def inspect_command(directory: Annotated[Path | None, typer.Argument(help="a federation folder (README, 'Bring "
-                                                                     "your own federation')")] = None,
+def inspect_command(directory: Annotated[Path | None, typer.Argument(help="a federation folder (docs: "
+                                                                     "how-to/own-federation.md)")] = None,
                     config: Annotated[Path | None, typer.Option(help="inspect this run config's dataset instead")]
                     = None,
                     overrides: SetOption = None,
@@ -877,6 +929,13 @@ def describe(method: Annotated[str, typer.Argument(help="a method name (graphfed
 
 def main() -> None:
     app()
+
+
+def __getattr__(name: str) -> Any:
+    """``click_command``: the CLI as a click command, built on first use (the docs' CLI reference reads it)."""
+    if name == "click_command":
+        return typer.main.get_command(app)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":

@@ -65,22 +65,27 @@ def _names_as_text(names: Any) -> Any:
 
 
 class DatasetConfig(_Strict):
-    name: str = "fl60"
+    name: str = Field(default="fl60", description="a registered dataset (graphfed list), or folder for your own")
     num_clients: int | None = Field(default=None, ge=2, description="for generated/partitioned datasets")
-    partition: Literal["iid", "pathological", "dirichlet"] = "dirichlet"
-    dirichlet_beta: float = Field(default=0.5, gt=0)
-    classes_per_client: int = Field(default=2, ge=1)
+    partition: Literal["iid", "pathological", "dirichlet"] = Field(
+        default="dirichlet", description="partitioned datasets: how rows are dealt to clients")
+    dirichlet_beta: float = Field(default=0.5, gt=0, description="partition=dirichlet: label-share concentration "
+                                  "(smaller: more skewed clients)")
+    classes_per_client: int = Field(default=2, ge=1, description="partition=pathological: labels each client holds")
     labels: Literal["fine", "coarse"] = Field(default="fine", description="cifar100: its 100 fine classes or its 20 "
                                               "coarse superclasses")
     window: str | None = Field(default=None, pattern=r"^\d{4}-\d{2}-\d{2}\.\.\d{4}-\d{2}-\d{2}$",
                                description="metr-la / pems-bay: the days used, FIRST..END (END excluded), e.g. "
                                "2012-03-01..2012-03-08 (default: the whole recording)")
-    min_samples_per_client: int = Field(default=10, ge=1)
+    min_samples_per_client: int = Field(default=10, ge=1, description="digits, partition=dirichlet: the fewest "
+                                        "rows a client gets (moved to it from the largest client)")
     client_fraction: float | None = Field(default=None, gt=0.0, le=1.0, description="partitioned datasets: each "
                                           "client keeps this share of all rows (FLHA-GHN's 'local data %'; the "
                                           "partition decides which labels, this how many); default: all rows dealt")
-    split: tuple[StrictNumber, StrictNumber, StrictNumber] = Field(default=(0.7, 0.1, 0.2), strict=False)
-    split_mode: Literal["random", "chronological"] = "random"
+    split: tuple[StrictNumber, StrictNumber, StrictNumber] = Field(default=(0.7, 0.1, 0.2), strict=False,
+                                                                   description="train/val/test shares of each client")
+    split_mode: Literal["random", "chronological"] = Field(
+        default="random", description="how each client's rows are split: shuffled, or in time order (time series)")
     novel_fraction: float = Field(default=0.0, ge=0.0, lt=1.0, description="share of clients held out of training "
                                   "(novel clients), drawn from the seed")
     novel_clients: list[str] | None = Field(default=None, description="the novel clients by name "
@@ -124,8 +129,8 @@ class DatasetConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    name: str = "mlp"
-    options: dict[str, Any] = Field(default_factory=dict)
+    name: str = Field(default="mlp", description="a registered model (graphfed list)")
+    options: dict[str, Any] = Field(default_factory=dict, description="the model factory's keyword options")
     architectures: list[str] | None = Field(
         default=None, min_length=1, description="heterogeneous clients: values of the model's 'arch' option, "
         "assigned to clients round-robin (client i gets architectures[i % len]) unless architecture_of is given")
@@ -147,19 +152,21 @@ class ModelConfig(_Strict):
 
 
 class MethodConfig(_Strict):
-    name: str = "panacea"
-    options: dict[str, Any] = Field(default_factory=dict)
+    name: str = Field(default="panacea", description="a registered method (graphfed list)")
+    options: dict[str, Any] = Field(default_factory=dict, description="the method's options (its reference "
+                                    "page, graphfed describe METHOD)")
 
 
 class TrainConfig(_Strict):
-    rounds: int = Field(default=200, ge=1)
+    rounds: int = Field(default=200, ge=1, description="communication rounds")
     clients_per_round: int = Field(default=5, ge=1, description="S, clients sampled per round")
     local_steps: int = Field(default=50, ge=1, description="K_c, client SGD steps per round")
     batch_size: int = Field(default=64, ge=1, le=65536, description="rows per mini-batch (drawn with replacement; "
                             "above 65,536 the per-round index draws alone take gigabytes)")
     lr: float = Field(default=0.05, gt=0, description="client SGD learning rate")
-    eval_every: int = Field(default=10, ge=1)
-    checkpoint_every: int = Field(default=50, ge=1)
+    eval_every: int = Field(default=10, ge=1, description="rounds between evaluations (and the last round)")
+    checkpoint_every: int = Field(default=50, ge=1, description="rounds between checkpoints (--resume continues "
+                                  "from the last)")
     novel_adapt_rounds: int = Field(default=20, ge=0, description="embedding-only adaptation rounds")
     late_clients: int = Field(default=0, ge=0, description="clients that join late (pFedGAT Sec. 5.3): this many "
                               "training clients, drawn from the seed, are sampled only from round join_round on")
@@ -251,6 +258,9 @@ class FlowerConfig(_Strict):
                                          "[-range, range] before quantisation")
     secagg_quantization_range: int = Field(default=2**22, ge=2, le=2**30, description="SecAgg+: levels each value "
                                            "is quantised to (the mean is exact to 2 * clipping_range / this)")
+    writer_wait: float = Field(default=30.0, ge=0, description="seconds a ServerApp waits for another ServerApp "
+                               "of the same run to end before it refuses (one writer per run; a ServerApp ending "
+                               "with its SuperLink takes a moment to let go)")
     resume: Literal["auto", "never"] = Field(default="auto", description="auto: a ServerApp started on a results "
                                              "folder that holds an unfinished run of this config continues it from "
                                              "its checkpoint; never: it starts again at round 1")
@@ -318,7 +328,7 @@ class AttackConfig(_Strict):
     """Malicious clients (``graphfed.attacks``): which behaviour, and which training clients behave so."""
 
     kind: Literal["none", "label_flip", "model_poisoning", "sign_flip", "scaling", "gaussian_noise",
-                  "backdoor"] = "none"
+                  "backdoor"] = Field(default="none", description="what a malicious client does (none: no attack)")
     fraction: float = Field(default=0.0, ge=0.0, le=0.5, description="share of the training clients that are "
                             "malicious (rounded to the nearest count; drawn from the run seed)")
     count: int | None = Field(default=None, ge=0, description="exact number of malicious clients (instead of "
@@ -372,7 +382,8 @@ class TrackingConfig(_Strict):
 
 
 class RunConfig(_Strict):
-    seed: int = Field(default=0, ge=0, le=2**63 - 1)
+    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="seeds data, models and sampling end to end "
+                      "(never the privacy noise)")
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     method: MethodConfig = Field(default_factory=MethodConfig)
@@ -382,7 +393,8 @@ class RunConfig(_Strict):
     defense: DefenseConfig = Field(default_factory=DefenseConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
-    torch_threads: int | None = Field(default=None, ge=1)
+    torch_threads: int | None = Field(default=None, ge=1, description="CPU threads torch uses (default: "
+                                      "torch's own choice)")
 
     @model_validator(mode="after")
     def _names_exist(self) -> RunConfig:
@@ -497,7 +509,7 @@ def packaged_config(name: str | Path) -> Path | None:
 
 
 def resolve_config_path(path: str | Path) -> Path:
-    """``path`` when it is a file; else the packaged config it names, so the README's commands work from an
+    """``path`` when it is a file; else the packaged config it names, so the docs' commands work from an
     installed wheel in an empty folder."""
     given = Path(path)
     return given if given.is_file() else (packaged_config(path) or given)

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-#: exit codes of the CLI (README, "Exit codes and untrusted input")
+#: exit codes of the CLI (docs/reference/runs-and-errors.md)
 EXIT_INPUT = 2
 EXIT_STOPPED = 3
+EXIT_IN_USE = 4
 
 
 class GraphfedError(Exception):
@@ -64,6 +65,13 @@ class SolverError(RunStoppedError):
     """A server-side solver did not reach its stated tolerance within its iteration budget."""
 
 
-__all__ = ["EXIT_INPUT", "EXIT_STOPPED", "CheckpointError", "ConfigError", "DataError", "DataMissingError",
-           "GraphfedError", "InvalidUpdateError", "NonFiniteUpdateError", "RunStoppedError", "SolverError",
-           "UntrustedInputError"]
+class RunInUseError(GraphfedError):
+    """Another process is writing this run folder (a second ServerApp for the same run, a second ``graphfed run``):
+    refused before anything is read or written, so each round is trained once."""
+
+    exit_code = EXIT_IN_USE
+
+
+__all__ = ["EXIT_INPUT", "EXIT_IN_USE", "EXIT_STOPPED", "CheckpointError", "ConfigError", "DataError",
+           "DataMissingError", "GraphfedError", "InvalidUpdateError", "NonFiniteUpdateError", "RunInUseError",
+           "RunStoppedError", "SolverError", "UntrustedInputError"]

@@ -3,20 +3,26 @@
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import logging
 import math
 import os
+import socket
 import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from graphfed.errors import CheckpointError, UntrustedInputError
+from graphfed.errors import CheckpointError, RunInUseError, UntrustedInputError
 
 log = logging.getLogger("graphfed")
 
@@ -26,6 +32,8 @@ CONFIG = "config.yaml"
 CHECKPOINT = "checkpoint.pt"  #: the simulator's (``sim/checkpoint.py`` writes it)
 METRICS_CSV = "metrics.csv"  #: the csv tracker's (``sim/tracking.py``)
 PRIVACY_LEDGER = "privacy.json"  #: a private run's releases (``client/privacy.py``)
+STATUS = "status.json"  #: the run's fate as its writer last said it (:func:`run_writer`, ``graphfed status``)
+WRITER_LOCK = ".writer.lock"  #: held by the one process writing the run (never removed: a lock file outlives it)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -205,7 +213,7 @@ def load_graph_clients(run_dir: Path) -> tuple[list[str], np.ndarray] | None:
 
 
 #: what a run writes into its folder: :func:`clear_run` removes these and nothing else the folder holds
-RUN_FILES = (CONFIG, ROUNDS_LOG, SUMMARY, CHECKPOINT, METRICS_CSV, PRIVACY_LEDGER)
+RUN_FILES = (CONFIG, ROUNDS_LOG, SUMMARY, CHECKPOINT, METRICS_CSV, PRIVACY_LEDGER, STATUS)
 RUN_FOLDERS = (MODELS_DIR, GRAPHS_DIR, "plots")
 
 
@@ -224,13 +232,133 @@ def describe_run(out_dir: Path) -> str | None:
 
 
 def clear_run(out_dir: Path) -> None:
-    """Remove the run in ``out_dir`` (``--overwrite``): the files and folders a run writes, nothing else."""
+    """Remove the run in ``out_dir`` (``--overwrite``): the files and folders a run writes, nothing else; refused
+    while another process writes it."""
     import shutil
+
+    holder = writer_holding(out_dir)
+    if holder is not None:
+        raise RunInUseError(in_use_message(out_dir, holder))
 
     for name in RUN_FILES:
         (out_dir / name).unlink(missing_ok=True)
     for name in RUN_FOLDERS:
         shutil.rmtree(out_dir / name, ignore_errors=True)
+
+
+# ---- one writer per run, and its fate ------------------------------------------------------------------------------
+def read_status(out_dir: Path) -> dict[str, Any] | None:
+    """The run's status file (None: none, or unreadable: a writer that died mid-write leaves the old one)."""
+    try:
+        status = json.loads((out_dir / STATUS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return status if isinstance(status, dict) else None
+
+
+def write_status(out_dir: Path, state: str, **fields: Any) -> None:
+    """``state``: running, completed, stopped, failed or interrupted; with what a supervisor needs beside it."""
+    previous = read_status(out_dir) or {}
+    status = {"state": state, "pid": os.getpid(), "host": socket.gethostname(),
+              "started": previous.get("started") if state != "running" else _now(), "updated": _now(), **fields}
+    atomic_write_text(out_dir / STATUS, json.dumps(status, indent=1) + "\n")
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def _writer_lock(out_dir: Path) -> FileLock:
+    """The run's writer lock: the OS's (fcntl / msvcrt), never waited for. Its file is kept on release where
+    filelock lets us say so: a lock file unlinked on release lets a third process lock a fresh file while a second
+    still holds the old one."""
+    keep = {"preserve_lock_file": True} if "preserve_lock_file" in inspect.signature(FileLock).parameters else {}
+    return FileLock(str(out_dir / WRITER_LOCK), timeout=0, thread_local=False, is_singleton=False, **keep)
+
+
+def writer_holding(out_dir: Path) -> dict[str, Any] | None:
+    """The status of the process writing ``out_dir`` now, or None when no process holds its writer lock (a writer
+    killed outright holds nothing: the operating system releases its lock)."""
+    if not (out_dir / WRITER_LOCK).exists():
+        return None
+    probe = _writer_lock(out_dir)
+    try:
+        probe.acquire()
+    except Timeout:
+        return read_status(out_dir) or {}
+    probe.release()
+    return None
+
+
+def in_use_message(out_dir: Path, holder: dict[str, Any]) -> str:
+    who = f"pid {holder['pid']} on {holder['host']}, since {holder['started']}" if holder.get("pid") else "a process"
+    return (f"{out_dir}: another process is writing this run ({who}); refused so that no round is trained twice. "
+            f"Wait for it (graphfed status {out_dir} --wait) or stop it first")
+
+
+@contextmanager
+def run_writer(out_dir: Path) -> Iterator[None]:
+    """Hold ``out_dir`` as its one writer for the block: a second process (a second ServerApp for the same run
+    after a SuperLink restart, a second ``graphfed run``) gets :class:`RunInUseError` before it reads or writes
+    anything. The lock is the operating system's (``filelock``): a writer killed outright releases it. On a
+    filesystem without working locks (some network mounts) it cannot protect; keep run folders local.
+
+    The status file says ``running`` while the block runs; the block's owner writes the final state (completed,
+    stopped), and an exception that escapes it is written as ``failed`` (an interrupt as ``interrupted``)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lock = _writer_lock(out_dir)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise RunInUseError(in_use_message(out_dir, read_status(out_dir) or {})) from None
+    try:
+        write_status(out_dir, "running")
+        yield
+    except KeyboardInterrupt:
+        write_status(out_dir, "interrupted", reason="interrupted (Ctrl-C or SIGTERM); resume from the checkpoint")
+        raise
+    except GeneratorExit:  # the run's steps abandoned by whoever drove them: nothing to say about its fate
+        raise
+    except BaseException as err:
+        first = (str(err).strip().splitlines() or [""])[0][:300]
+        write_status(out_dir, "failed", reason=f"{type(err).__name__}: {first}")
+        raise
+    finally:
+        lock.release()
+
+
+def run_fate(out_dir: Path) -> tuple[str, str]:
+    """(state, one line) of the run in ``out_dir``, for a supervisor: ``running`` (a process holds its writer lock),
+    ``completed``, ``stopped`` (with its reason; a writer that vanished without a word counts here: its checkpoint
+    resumes it), ``failed`` (an internal error), ``interrupted``, or ``none`` (no run there)."""
+    holder = writer_holding(out_dir)
+    if holder is not None:
+        last = RoundLog(out_dir).read()[-1:] if (out_dir / ROUNDS_LOG).exists() else []
+        where = f", last evaluated round {last[0]['round']}" if last else ""
+        return "running", (f"running: pid {holder.get('pid', '?')} on {holder.get('host', '?')} since "
+                           f"{holder.get('started', '?')}{where}")
+    status = read_status(out_dir)
+    state = status.get("state") if status else None
+    if state == "running":  # written by a writer that holds no lock now: killed, or its machine went down
+        resumable = "its checkpoint resumes it" if (out_dir / CHECKPOINT).exists() else "no checkpoint yet"
+        return "stopped", (f"stopped: its writer (pid {status.get('pid')} on {status.get('host')}) ended without "
+                           f"finishing; {resumable}")
+    if state in ("failed", "interrupted", "stopped"):
+        reason = str(status.get("reason", ""))
+        return state, reason if reason.startswith(state) else f"{state}: {reason}".rstrip(": ")
+    if (out_dir / SUMMARY).is_file():  # completed, or a folder written before the status file existed
+        result = read_result(out_dir)
+        if not result.completed:
+            return "stopped", result.status
+        scale, unit = (100.0, " %") if result.metric == "accuracy" else (1.0, "")
+        headline = "—" if result.test_mean is None else f"{scale * result.test_mean:.4g}{unit}"
+        clients = (f", scored on {result.scored_clients} of {result.training_clients} training clients"
+                   if result.scored_clients is not None else "")
+        return "completed", (f"completed: test {result.metric} {headline} at round {result.best_round} of "
+                             f"{result.rounds}{clients}")
+    if (out_dir / CHECKPOINT).exists():
+        return "stopped", "stopped: an unfinished run (a checkpoint, no summary); resume it"
+    return "none", f"{out_dir}: no run here"
 
 
 def finite_or_none(value: Any) -> Any:
@@ -320,6 +448,9 @@ class RunResult(BaseModel):
     late_uploads: int | None = None  #: straggler updates the method received late
     #: how many training clients the reported test mean covers, of ``training_clients`` (fewer: replies were lost)
     scored_clients: int | None = None
+    #: the training clients without a validation score at the reported round (their replies were lost); the
+    #: reported round was compared only with rounds scored over the same clients
+    unscored_clients: list[str] = []
     #: ``privacy:`` as run (mechanism, clip, noise multiplier, delta, accountant, sampling) and the epsilon spent:
     #: ``epsilon`` (central) or ``epsilon_max``, ``epsilon_median`` and ``per_client_epsilon`` (local)
     privacy: dict[str, Any] | None = None
@@ -356,7 +487,8 @@ class RunResult(BaseModel):
     notes: list[str] = []
     #: the code that produced these numbers (``graphfed.provenance``); None in summaries older than provenance
     code: dict[str, Any] | None = None
-    # -- what an engine adds (Flower: clients dropped from rounds, nodes refused)
+    # -- what an engine adds (Flower: clients dropped from rounds, nodes refused; the simulator's train.dropout and
+    # stragglers: the uploads lost, as dropped_clients with the reason and missed_rounds)
     dropped_clients: list[dict[str, Any]] | None = None
     drop_counts: dict[str, int] | None = None
     refused_nodes: list[dict[str, Any]] | None = None

@@ -10,16 +10,18 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from graphfed.config import ConfigError, RunConfig, read_yaml, validate_config
+from graphfed.errors import RunInUseError, RunStoppedError
 from graphfed.flower import protocol
 from graphfed.flower.client import client_app
 from graphfed.flower.server import FlowerExecutor
-from graphfed.runs import RunResult, read_result
+from graphfed.runs import RunResult, in_use_message, read_result, writer_holding
 from graphfed.setup import Setup
 from graphfed.sim.checkpoint import CHECKPOINT
 from graphfed.sim.engine import Simulator
@@ -40,11 +42,27 @@ def run_on_grid(grid: Grid, config: RunConfig, out_dir: str | Path | None) -> Ru
         executor.wait_for_nodes()
         return executor
 
+    if out_dir is not None:
+        wait_for_the_other_writer(Path(out_dir), config.flower.writer_wait)
     resume = out_dir is not None and config.flower.resume == "auto" and unfinished_run(Path(out_dir))
     if resume:
         log.info("resuming the unfinished run in %s from its checkpoint", out_dir)
     return Simulator(config, out_dir, progress=False, executor=make_executor,
                      checkpoint_every=config.flower.checkpoint_every).run(resume=resume)
+
+
+def wait_for_the_other_writer(out_dir: Path, seconds: float) -> None:
+    """A second ServerApp for this run (``flwr run`` again while the first goes on, e.g. after a SuperLink restart
+    it survived) is refused before it asks any node for anything; one that finds the first still letting go (it
+    ended with its SuperLink) waits up to ``seconds`` for it. The run's writer lock, taken when the rounds start,
+    is the real fence: this only refuses early."""
+    deadline = time.monotonic() + seconds
+    while (holder := writer_holding(out_dir)) is not None:
+        if time.monotonic() >= deadline:
+            raise RunInUseError(in_use_message(out_dir, holder))
+        log.info("another ServerApp is still writing %s; waiting up to %.0f s for it to end", out_dir,
+                 deadline - time.monotonic())
+        time.sleep(min(2.0, max(0.1, deadline - time.monotonic())))
 
 
 def unfinished_run(out_dir: Path) -> bool:
@@ -71,6 +89,8 @@ def main(grid: Grid, context: Context) -> None:
     dropped = sorted({drop["client"] for drop in drops})
     log.info("graphfed run %s: test %s %.4g (best round %s); %d drop event(s), clients dropped at least once: %s",
              result.status, result.metric, result.test_mean or float("nan"), result.best_round, len(drops), dropped)
+    if not result.completed:  # Flower then records the run as failed, not completed; the checkpoint resumes it
+        raise RunStoppedError(f"{result.status}; flwr run the same App again to resume from its checkpoint")
 
 
 __all__ = ["client_app", "run_on_grid", "server_app"]

@@ -2,7 +2,7 @@
 
 Built-in models and users' own share one registry: :func:`register_model` adds a factory from Python, and an
 installed package adds its models through the ``graphfed.models`` entry-point group (read the first time a model
-name is looked up). See README, "Your own model".
+name is looked up). See docs/how-to/own-model.md.
 """
 
 from __future__ import annotations

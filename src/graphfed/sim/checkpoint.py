@@ -98,6 +98,9 @@ def restore(sim: Simulator, state: dict[str, Any]) -> int:
     clients = state.get("clients")
     if (clients == {} or (isinstance(clients, dict) and "flower" in clients)) and not sim.on_flower:
         # the Flower ServerApp checkpoints the server only: its clients' state stays on the nodes
+        if completed == sim.config.train.rounds:
+            raise CheckpointError(f"--resume: this checkpoint is a Flower run's that finished all {completed} rounds; "
+                                  f"there is nothing to resume (graphfed show prints its result)")
         raise CheckpointError(f"--resume: this checkpoint was written by a Flower run after round {completed}; its "
                               f"clients' state is on its nodes, so only Flower can continue it: start the same Flower "
                               f"App again (flwr run), its ServerApp resumes from this checkpoint")

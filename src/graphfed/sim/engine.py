@@ -151,14 +151,16 @@ class Simulator:
             else TrainResult.nothing(spec.dim, sent.device))
         if self.privacy.mechanism == "local":
             self.ledger.count_uploads(result.client_ids)
+        names = self.setup.federation.client_names
         if self.config.train.dropout > 0:                                                  # what arrives
             result, lost = self.arrivals.lose(result, round_index)
-            tracker.lost_uploads += lost
-        check_update(result.delta, result.client_ids, spec.dim, round_index, self.setup.federation.client_names)
+            tracker.lose(round_index + 1, [names[i] for i in lost], "dropout")
+        check_update(result.delta, result.client_ids, spec.dim, round_index, names)
         started = sent[result.rows]
         if len(self.participation.straggler_ids):
             started, result, lost, late = self.arrivals.stragglers(started, result, round_index)
-            tracker.lost_uploads, tracker.late_uploads = tracker.lost_uploads + lost, tracker.late_uploads + late
+            tracker.lose(round_index + 1, [names[i] for i in lost], "straggler")
+            tracker.late_uploads += late
         if len(result.client_ids) == 0 and not central:
             log.warning("round %d: no client update arrived; the server model is unchanged", round_index + 1)
             return {"train_loss": float("nan"), "clients": 0}
@@ -285,7 +287,20 @@ class Simulator:
             return drive(self.run_steps(resume), self.executor)
 
     def run_steps(self, resume: bool = False) -> Steps[RunResult]:
-        """The whole run: rounds, evaluations and callbacks; returns the result it wrote."""
+        """The whole run, as the one writer of its folder (``runs.run_writer``: a second process is refused);
+        its fate goes to the folder's status file."""
+        if self.out_dir is None:
+            return (yield from self._run_steps(resume))
+        with runs.run_writer(self.out_dir):
+            result = yield from self._run_steps(resume)
+            runs.write_status(self.out_dir, "completed" if result.completed else "stopped",
+                              **({} if result.completed else {"reason": result.status}), rounds=result.rounds,
+                              best_round=result.best_round, metric=result.metric, test_mean=result.test_mean,
+                              scored_clients=result.scored_clients, training_clients=result.training_clients)
+            return result
+
+    def _run_steps(self, resume: bool) -> Steps[RunResult]:
+        """The rounds, evaluations and callbacks; returns the result it wrote."""
         cfg = self.config
         start_round, history, callbacks = self._begin(resume)
         status = "completed"
@@ -333,6 +348,11 @@ class Simulator:
         self.account_time()
         record.update(round_stats, bytes_up=self.tracker.bytes_up, bytes_down=self.tracker.bytes_down,
                       wall_seconds=self.tracker.elapsed)
+        if self.config.train.dropout > 0 or len(self.participation.straggler_ids):
+            # whose uploads were lost since the previous evaluation, by round (as a Flower run names its drops)
+            since = history[-1]["round"] if history else 0
+            record["dropped_clients"] = [{"round": r, "client": c, "reason": why} for r, c, why in
+                                         self.tracker.dropped if r > since]
         if record[self.tracker.key] is None:
             log.warning("round %d: no client's evaluation arrived; round not used for model selection",
                         record["round"])

@@ -49,18 +49,35 @@ class Tracker:
     #: evaluations since the validation score last improved by more than ``min_delta`` (early stopping)
     since_improvement: int = 0
     lost_uploads: int = 0  #: client updates lost to ``train.dropout`` (and late ones a method cannot use)
+    #: [round, client name, reason] of each lost upload (reason: dropout, straggler)
+    dropped: list[list[int | str]] = field(default_factory=list)
     late_uploads: int = 0  #: straggler updates that reached the method rounds late (``train.stragglers``)
     clip_norm: float | None = None  #: adaptive clipping (central DP): the clip the next round uses
     #: a private run's ``privacy.model_selection: last``: the newest evaluation is the run's result, whatever the
     #: clients' validation scores say (choosing by them would read private data outside the mechanism)
     select_last: bool = False
 
+    def lose(self, round_number: int, clients: list[str], reason: str) -> None:
+        self.lost_uploads += len(clients)
+        self.dropped += [[round_number, client, reason] for client in clients]
+
     def offer(self, record: dict[str, Any], min_delta: float = 0.0) -> None:
         """Keep ``record`` if its validation score is the best so far (every record, with ``select_last``); count
-        evaluations without an improvement beyond ``min_delta``."""
+        evaluations without an improvement beyond ``min_delta``.
+
+        Scores are compared only over the same clients: a round scored on fewer training clients (replies that
+        did not arrive on Flower) never replaces one scored on more, and one scored on more replaces it whatever its
+        score; a round over a different set of the same size is not compared (and is no evaluation without a gain
+        for early stopping). A mean over 3 clients is not better than a mean over 4 because it is higher."""
         value = record[self.key]
         if not self.best or self.select_last:
             self.best = record
+            return
+        unscored, best_unscored = record.get("unscored_clients", []), self.best.get("unscored_clients", [])
+        if len(unscored) < len(best_unscored):
+            self.best, self.since_improvement = record, 0
+            return
+        if sorted(unscored) != sorted(best_unscored):
             return
         gain = value - self.best[self.key] if self.higher_is_better else self.best[self.key] - value
         self.since_improvement = 0 if gain > min_delta else self.since_improvement + 1
@@ -105,8 +122,12 @@ def evaluation_record(sim: Any, scores: dict[str, ClientScores], round_index: in
     record: dict[str, Any] = {"round": round_index + 1}
     record["val_mean"], record["val_std"] = mean_std(val.metric)
     record["test_mean"], record["test_std"] = mean_std(test.metric)
-    # how many training clients the test mean covers (fewer when Flower replies were lost)
+    # how many training clients the test mean covers (fewer when Flower replies were lost), and who has no
+    # validation score (model selection compares rounds over the same clients: Tracker.offer)
     record["scored_clients"] = int(torch.isfinite(test.metric).sum())
+    unscored = train_ids[~torch.isfinite(val.metric).cpu()]
+    if len(unscored):
+        record["unscored_clients"] = [fed.client_names[int(i)] for i in unscored]
     if record["scored_clients"] < len(train_ids):
         log.warning("round %d: the test %s covers %d of %d training clients (the others' evaluations did not "
                     "arrive)", round_index + 1, fed.metric, record["scored_clients"], len(train_ids))

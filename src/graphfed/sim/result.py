@@ -86,6 +86,14 @@ def per_client(sim: Simulator, best: dict[str, Any]) -> dict[str, Any]:
             "models_note": sim.models_note, "metrics": chosen or None, "select_by": sim.select_by}
 
 
+def missed_rounds(dropped: list[list[int | str]]) -> dict[str, list[int]]:
+    """Client name -> the rounds whose upload of it was lost, as a Flower run reports its dropped replies."""
+    missed: dict[str, list[int]] = {}
+    for round_number, client, _ in dropped:
+        missed.setdefault(str(client), []).append(int(round_number))
+    return missed
+
+
 def privacy_record(sim: Simulator) -> dict[str, Any]:
     """What the run spent, from the accounting library over every release it made (its ledger, not the rounds it
     evaluated): central, epsilon over the noised sums released; local, each client's epsilon over the noised uploads
@@ -153,12 +161,15 @@ def build_result(sim: Simulator, history: list[dict[str, Any]], status: str,
             "late_test_mean": best.get("late_test_mean"), "late_test_final": last.get("late_test_mean")}
            if len(late_ids) else {}),
         "client_graph": graph_record(sim),
-        **({"dropout": cfg.train.dropout, "lost_uploads": tracker.lost_uploads}
+        **({"dropout": cfg.train.dropout, "lost_uploads": tracker.lost_uploads,
+            "dropped_clients": [{"round": r, "client": c, "reason": why} for r, c, why in tracker.dropped],
+            "missed_rounds": missed_rounds(tracker.dropped)}
            if cfg.train.dropout > 0 or len(straggler_ids) else {}),
         **({"stragglers": [fed.client_names[int(i)] for i in straggler_ids],
             "straggler_delay": cfg.train.straggler_delay, "late_uploads": tracker.late_uploads}
            if len(straggler_ids) else {}),
         "scored_clients": best.get("scored_clients"), "training_clients": sim.num_train_clients,
+        "unscored_clients": best.get("unscored_clients", []),
         **({"privacy": privacy_record(sim)} if sim.privacy.active else {}),
         "wall_seconds": round(tracker.elapsed, 3),
         "bytes_up": tracker.bytes_up, "bytes_down": tracker.bytes_down,

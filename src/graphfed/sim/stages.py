@@ -114,26 +114,26 @@ class Arrivals:
         self.config, self.setup, self.straggler_ids = config, setup, straggler_ids
         self.in_flight: list[tuple[int, torch.Tensor, TrainResult]] = []
 
-    def lose(self, result: TrainResult, round_index: int) -> tuple[TrainResult, int]:
+    def lose(self, result: TrainResult, round_index: int) -> tuple[TrainResult, list[int]]:
         """``train.dropout``: each upload is lost with that probability (one seeded stream per round), the way a
-        Flower node's reply can fail to arrive. Returns what arrived and how many were lost."""
+        Flower node's reply can fail to arrive. Returns what arrived and the clients whose uploads were lost."""
         draws = torch.rand(len(result.client_ids), generator=rng.generator(self.config.seed, round_index, "dropout"),
                            device="cpu")
         kept = draws >= self.config.train.dropout
-        return subset(result, kept), int((~kept).sum())
+        return subset(result, kept), result.client_ids[~kept.to(result.client_ids.device)].tolist()
 
     def stragglers(self, started: torch.Tensor, result: TrainResult,
-                   round_index: int) -> tuple[torch.Tensor, TrainResult, int, int]:
+                   round_index: int) -> tuple[torch.Tensor, TrainResult, list[int], int]:
         """``train.stragglers``: hold the stragglers' uploads of this round for ``straggler_delay`` rounds (lost
         at delay 0, or when the method cannot use a late upload); release those due now beside the fresh ones,
         each with the weights its client was sent back then. Returns (weights sent, what reaches the method this
-        round, uploads lost, late uploads delivered)."""
+        round, the clients whose uploads were lost, late uploads delivered)."""
         late = torch.isin(result.client_ids, self.straggler_ids)
         delay = self.config.train.straggler_delay
-        lost = 0
+        lost: list[int] = []
         if late.any():
             if delay == 0 or not type(self.setup.method).accepts_late_uploads:
-                lost = int(late.sum())
+                lost = result.client_ids[late].tolist()
             else:
                 self.in_flight.append((round_index + delay, started[late.to(started.device)], subset(result, late)))
         on_time = ~late

@@ -1,6 +1,6 @@
 """Bring your own federation: a directory of per-client splits, an optional client graph and meta.yaml.
 
-The format (README, "Bring your own federation")::
+The format (docs/how-to/own-federation.md)::
 
     my_federation/
       meta.yaml                  optional: task, metric, name, description, features, target
@@ -548,7 +548,7 @@ def folder_federation(cfg: DatasetConfig) -> Federation:
 # The task listed is only the default: a folder's meta.yaml (or float targets) makes it regression.
 REGISTRY = (DatasetInfo("folder", "your own federation folder (dataset.data_dir = the folder): per-client "
                         "train/val/test npz or CSV, optional graph.csv and meta.yaml; classification or regression "
-                        "as the folder says (README, 'Bring your own federation')", "classification", build),)
+                        "as the folder says (docs: how-to/own-federation.md)", "classification", build),)
 
 
 # ---- writing the format -------------------------------------------------------------------------------------
