@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch.func import functional_call, vmap
 
-from graphfed.client.contract import LocalStep, sgd_update
+from graphfed.client.contract import IN_PLACE_MIN_VALUES, LocalStep, sgd_update
 from graphfed.models import build_model
-from graphfed.models.base import batched_linear
+from graphfed.models.base import CONTIGUOUS_GRADIENT_MIN_WEIGHTS, _BatchedLinear, batched_linear
 
 
 def _linear_inputs(seed: int, clients: int = 3, rows: int = 10, features: int = 40, outputs: int = 7):
@@ -29,7 +29,7 @@ def test_batched_linear_gradients_are_autograds_bits_in_the_weights_layout(seed:
     the SGD step then reads without a transposed walk)."""
     h, weight, bias, upstream = _linear_inputs(seed)
     leaves = [t.clone().requires_grad_() for t in (h, weight, bias)]
-    ours = batched_linear(*leaves)
+    ours = _BatchedLinear.apply(*leaves)
     ours_grads = torch.autograd.grad(ours, leaves, upstream)
     plain = [t.clone().requires_grad_() for t in (h, weight, bias)]
     reference = torch.baddbmm(plain[2].unsqueeze(1), plain[0], plain[1].transpose(1, 2))
@@ -45,14 +45,27 @@ def test_batched_linear_supports_second_derivatives_and_vmap() -> None:
     numbers as through baddbmm."""
     h, weight, bias, upstream = _linear_inputs(5)
     w1, w2 = weight.clone().requires_grad_(), weight.clone().requires_grad_()
-    (g1,) = torch.autograd.grad((batched_linear(h, w1, bias) - upstream).square().sum(), w1, create_graph=True)
+    (g1,) = torch.autograd.grad((_BatchedLinear.apply(h, w1, bias) - upstream).square().sum(), w1, create_graph=True)
     (g2,) = torch.autograd.grad((torch.baddbmm(bias.unsqueeze(1), h, w2.transpose(1, 2)) - upstream).square().sum(),
                                 w2, create_graph=True)
     (hessian_ours,) = torch.autograd.grad(g1.square().sum(), w1)
     (hessian_plain,) = torch.autograd.grad(g2.square().sum(), w2)
     torch.testing.assert_close(hessian_ours, hessian_plain, rtol=0, atol=0)
-    mapped = vmap(lambda x, w, b: batched_linear(x.unsqueeze(0), w.unsqueeze(0), b.unsqueeze(0))[0])(h, weight, bias)
-    assert torch.equal(mapped, batched_linear(h, weight, bias))
+    mapped = vmap(lambda x, w, b: _BatchedLinear.apply(x.unsqueeze(0), w.unsqueeze(0), b.unsqueeze(0))[0])(h, weight,
+                                                                                                          bias)
+    assert torch.equal(mapped, _BatchedLinear.apply(h, weight, bias))
+
+
+def test_a_large_layer_gets_the_contiguous_gradient_and_a_small_one_autograds_rule() -> None:
+    """The custom backward only where it pays (a large weight): a small layer keeps baddbmm's rule, whose call costs
+    less; both give the same numbers."""
+    small = [t.requires_grad_() for t in _linear_inputs(1)[:3]]
+    large = [t.requires_grad_() for t in _linear_inputs(2, clients=2, features=CONTIGUOUS_GRADIENT_MIN_WEIGHTS // 8,
+                                                         outputs=4)[:3]]
+    assert batched_linear(*small).grad_fn.name() == "BaddbmmBackward0"
+    out = batched_linear(*large)
+    assert "BatchedLinear" in out.grad_fn.name()
+    assert torch.equal(out, torch.baddbmm(large[2].unsqueeze(1), large[0], large[1].transpose(1, 2)))
 
 
 def test_the_in_place_sgd_update_gives_the_expressions_bits_and_never_writes_a_shared_gradient() -> None:
@@ -71,10 +84,12 @@ def test_the_in_place_sgd_update_gives_the_expressions_bits_and_never_writes_a_s
 
 def test_descend_does_not_write_into_a_gradient_two_leaves_share() -> None:
     """``a + b`` hands both leaves the same gradient tensor: updating one in place would move the other."""
-    a, b = torch.ones(5, requires_grad=True), torch.full((5,), 2.0, requires_grad=True)
+    size = IN_PLACE_MIN_VALUES  # large enough for the in-place update
+    a, b = torch.ones(size, requires_grad=True), torch.full((size,), 2.0, requires_grad=True)
     local = LocalStep(SimpleNamespace(), "regression", 0, [], None, 0.5, None, None, {})  # type: ignore[arg-type]
     stepped = local.descend({"a": a, "b": b}, (3 * (a + b)).sum().reshape(1))
-    assert torch.equal(stepped["a"], torch.full((5,), 1 - 1.5)) and torch.equal(stepped["b"], torch.full((5,), 0.5))
+    assert torch.equal(stepped["a"], torch.full((size,), 1 - 1.5))
+    assert torch.equal(stepped["b"], torch.full((size,), 0.5))
 
 
 def test_a_batchnorm_networks_one_client_path_is_its_module_bit_for_bit() -> None:

@@ -142,6 +142,14 @@ class _BatchedLinear(torch.autograd.Function):
         return grad_h, grad_weight, grad_bias
 
 
+#: weights (over all clients of a call) from which a linear layer's backward is :class:`_BatchedLinear`'s: below,
+#: autograd's own rule costs less than a custom Function's call (about 70 us in Python: ``apply`` binds its arguments
+#: through ``inspect.signature``), which made a 16-unit MLP's round 35 % slower. Both give the same bits.
+CONTIGUOUS_GRADIENT_MIN_WEIGHTS = 1 << 17
+
+
 def batched_linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """Every client's linear layer: ``h [S, B, F]``, ``weight [S, O, F]``, ``bias [S, O]`` -> ``[S, B, O]``."""
+    if weight.numel() < CONTIGUOUS_GRADIENT_MIN_WEIGHTS:
+        return torch.baddbmm(bias.unsqueeze(1), h, weight.transpose(1, 2))
     return _BatchedLinear.apply(h, weight, bias)
