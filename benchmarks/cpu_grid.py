@@ -84,14 +84,21 @@ def run_graphfed(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data:
     return train_clients(model, spec, start, data, rule, list(range(data.num_clients))).trained
 
 
+def client_copy(model: TargetModel, spec: ParamSpec, start: torch.Tensor, client: int,
+                training: LocalTraining) -> tuple[TargetModel, torch.optim.SGD]:
+    """What a per-client loop starts each client with: a deep copy of the model holding the client's start weights,
+    in training mode, and a fresh SGD optimizer over it."""
+    local = copy.deepcopy(model)
+    local.load_state_dict(dict(spec.unflatten(start[client])), strict=False)
+    local.train()
+    return local, torch.optim.SGD(local.parameters(), lr=training.lr)
+
+
 def run_loop(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data: ClientSplit,
              training: LocalTraining) -> torch.Tensor:
     trained = []
     for client in range(data.num_clients):
-        local = copy.deepcopy(model)
-        local.load_state_dict(dict(spec.unflatten(start[client])), strict=False)
-        local.train()
-        optimizer = torch.optim.SGD(local.parameters(), lr=training.lr)
+        local, optimizer = client_copy(model, spec, start, client, training)
         x, y = data.client(client)
         # full batches drawn with replacement, as graphfed draws them: both sides process steps x batch rows (a
         # shuffled pass over 50 rows in batches of 32 would alternate 32- and 18-row batches, 18 % less work)
@@ -134,10 +141,7 @@ def run_module_loop(model: TargetModel, spec: ParamSpec, start: torch.Tensor, da
     rows (as many epochs as the steps take), SGD, backward, step; the module called as a module."""
     trained = []
     for client in range(data.num_clients):
-        local = copy.deepcopy(model)
-        local.load_state_dict(dict(spec.unflatten(start[client])), strict=False)
-        local.train()
-        optimizer = torch.optim.SGD(local.parameters(), lr=training.lr)
+        local, optimizer = client_copy(model, spec, start, client, training)
         x, y = data.client(client)
         # full batches as graphfed draws them; a client with fewer rows than a batch trains on all of them
         loader = DataLoader(TensorDataset(x, y), batch_size=training.batch_size, shuffle=True,

@@ -419,6 +419,7 @@ STATUS_EXIT = {"completed": 0, "failed": EXIT_INTERNAL, "none": EXIT_CONFIG, "st
                "interrupted": EXIT_INTERRUPTED}
 
 
+@app.command("flower-status", hidden=True)  # the name a Flower operator looks for
 @app.command("status")
 def status_command(run_dir: Annotated[Path, typer.Argument(help="a run folder (graphfed run --out, or a Flower "
                                                                 "app's out_dir)")],
@@ -440,13 +441,6 @@ def status_command(run_dir: Annotated[Path, typer.Argument(help="a run folder (g
         state, line = run_fate(run_dir)
     typer.echo(printable(line))
     raise typer.Exit(STATUS_EXIT[state])
-
-
-@app.command("flower-status", hidden=True)
-def flower_status(run_dir: Annotated[Path, typer.Argument()], wait: Annotated[bool, typer.Option("--wait")] = False,
-                  interval: Annotated[float, typer.Option(min=0.1)] = 5.0) -> None:
-    """graphfed status, by the name a Flower operator looks for."""
-    status_command(run_dir, wait, interval)
 
 
 @app.command("show")

@@ -12,7 +12,7 @@ import os
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -359,6 +359,17 @@ def run_fate(out_dir: Path) -> tuple[str, str]:
     if (out_dir / CHECKPOINT).exists():
         return "stopped", "stopped: an unfinished run (a checkpoint, no summary); resume it"
     return "none", f"{out_dir}: no run here"
+
+
+def missed_rounds(drops: Iterable[tuple[int, str]]) -> dict[str, list[int]]:
+    """Client name -> the rounds it missed, each once, from (round, client name) of every lost upload or dropped
+    reply (the simulator's and the Flower engine's summaries say it the same way)."""
+    missed: dict[str, list[int]] = {}
+    for round_number, client in drops:
+        rounds = missed.setdefault(client, [])
+        if round_number not in rounds:
+            rounds.append(round_number)
+    return missed
 
 
 def finite_or_none(value: Any) -> Any:

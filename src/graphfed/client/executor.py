@@ -148,12 +148,7 @@ class ClientStateStore:
     def load_rows(self, rows: torch.Tensor, state: dict[str, Any]) -> None:
         """Load ``state`` (one run's :meth:`state_dict`) into ``rows`` of this store (a pack keeps several runs'
         clients in one store)."""
-        trained, tensors = state["trained"], state["tensors"]
-        if not isinstance(trained, torch.Tensor) or trained.dtype != torch.bool or trained.shape != (len(rows),):
-            raise ValueError(f"client state must mark {len(rows)} clients as trained or not")
-        if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) and v.ndim >= 1 and len(v) == len(rows)
-                                                    for v in tensors.values()):
-            raise ValueError(f"client state tensors must each hold {len(rows)} rows")
+        trained, tensors = _checked_state(state, len(rows))
         self.trained[rows] = trained.to("cpu")
         for name, value in tensors.items():
             if name not in self.tensors:
@@ -162,14 +157,21 @@ class ClientStateStore:
             self.tensors[name][rows] = value.to(self.device)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        trained, tensors = state["trained"], state["tensors"]
-        if not isinstance(trained, torch.Tensor) or trained.dtype != torch.bool or trained.shape != self.trained.shape:
-            raise ValueError(f"client state must mark {len(self.trained)} clients as trained or not")
-        if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) and v.ndim >= 1
-                                                    and len(v) == len(self.trained) for v in tensors.values()):
-            raise ValueError(f"client state tensors must each hold {len(self.trained)} rows")
+        trained, tensors = _checked_state(state, len(self.trained))
         self.trained = trained.to(device="cpu", copy=True)
         self.tensors = {name: value.to(device=self.device, copy=True) for name, value in tensors.items()}
+
+
+def _checked_state(state: dict[str, Any], clients: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A :meth:`ClientStateStore.state_dict` of ``clients`` clients, checked (it comes from a checkpoint: the caller
+    turns the ValueError into a CheckpointError)."""
+    trained, tensors = state["trained"], state["tensors"]
+    if not isinstance(trained, torch.Tensor) or trained.dtype != torch.bool or trained.shape != (clients,):
+        raise ValueError(f"client state must mark {clients} clients as trained or not")
+    if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) and v.ndim >= 1 and len(v) == clients
+                                                for v in tensors.values()):
+        raise ValueError(f"client state tensors must each hold {clients} rows")
+    return trained, tensors
 
 
 class ClientRuntime(ClientExecutor):

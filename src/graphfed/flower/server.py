@@ -39,6 +39,7 @@ from graphfed.client.executor import ClientExecutor, TrainResult
 from graphfed.config import ConfigError, RunConfig
 from graphfed.errors import RunStoppedError
 from graphfed.flower import protocol
+from graphfed.runs import missed_rounds
 from graphfed.setup import Setup
 
 log = logging.getLogger("graphfed.flower")
@@ -152,11 +153,8 @@ class FlowerExecutor(ClientExecutor):
     def result_fields(self) -> dict[str, Any]:
         """What only the Flower engine knows, for the run's result: clients dropped from rounds (and so the rounds
         each missed), nodes refused, clients that came back on a new node."""
-        missed: dict[str, list[int]] = {}
-        for round_number, client_id, _ in self.dropped:
-            rounds = missed.setdefault(self.federation.client_names[client_id], [])
-            if round_number not in rounds:
-                rounds.append(round_number)
+        names = self.federation.client_names
+        missed = missed_rounds((round_number, names[client_id]) for round_number, client_id, _ in self.dropped)
         return {"dropped_clients": [{"round": r, "client": c, "reason": why} for r, c, why in self.dropped],
                 "drop_counts": {kind: self.drop_counts[kind] for kind in DROP_KINDS},
                 "refused_nodes": [{"node": node, "claimed": claimed, "reason": why}

@@ -86,14 +86,6 @@ def per_client(sim: Simulator, best: dict[str, Any]) -> dict[str, Any]:
             "models_note": sim.models_note, "metrics": chosen or None, "select_by": sim.select_by}
 
 
-def missed_rounds(dropped: list[list[int | str]]) -> dict[str, list[int]]:
-    """Client name -> the rounds whose upload of it was lost, as a Flower run reports its dropped replies."""
-    missed: dict[str, list[int]] = {}
-    for round_number, client, _ in dropped:
-        missed.setdefault(str(client), []).append(int(round_number))
-    return missed
-
-
 def privacy_record(sim: Simulator) -> dict[str, Any]:
     """What the run spent, from the accounting library over every release it made (its ledger, not the rounds it
     evaluated): central, epsilon over the noised sums released; local, each client's epsilon over the noised uploads
@@ -163,7 +155,7 @@ def build_result(sim: Simulator, history: list[dict[str, Any]], status: str,
         "client_graph": graph_record(sim),
         **({"dropout": cfg.train.dropout, "lost_uploads": tracker.lost_uploads,
             "dropped_clients": [{"round": r, "client": c, "reason": why} for r, c, why in tracker.dropped],
-            "missed_rounds": missed_rounds(tracker.dropped)}
+            "missed_rounds": runs.missed_rounds((int(r), str(c)) for r, c, _ in tracker.dropped)}
            if cfg.train.dropout > 0 or len(straggler_ids) else {}),
         **({"stragglers": [fed.client_names[int(i)] for i in straggler_ids],
             "straggler_delay": cfg.train.straggler_delay, "late_uploads": tracker.late_uploads}
