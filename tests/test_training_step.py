@@ -1,6 +1,7 @@
 """The client step's fast paths give the bits the plain expressions give: the batched linear layer's hand-written
 backward against autograd's rule for ``baddbmm``, the SGD update written into the gradient's memory against
-``value - lr * grad``, and a BatchNorm network's one-client path against its module."""
+``value - lr * grad``, a BatchNorm network's one-client path against its module, and a client trained as a module
+against the functional path."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import pytest
 import torch
 from torch.func import functional_call, vmap
 
-from graphfed.client.contract import IN_PLACE_MIN_VALUES, LocalStep, sgd_update
+from graphfed.client import training
+from graphfed.client.contract import IN_PLACE_MIN_VALUES, ClientRule, LocalStep, LocalTraining, plain_sgd, sgd_update
+from graphfed.core.params import ParamSpec
+from graphfed.data.federation import ClientSplit
 from graphfed.models import build_model
 from graphfed.models.base import CONTIGUOUS_GRADIENT_MIN_WEIGHTS, _BatchedLinear, batched_linear
 
@@ -108,3 +112,35 @@ def test_a_batchnorm_networks_one_client_path_is_its_module_bit_for_bit() -> Non
     assert torch.equal(fast[0], slow)
     for mine, theirs in zip(fast_grads, slow_grads, strict=True):
         assert torch.equal(mine[0], theirs)
+
+
+@pytest.mark.parametrize("model_name", ["cnn-bn", "resnet-like"])
+def test_a_client_trained_as_a_module_gets_the_functional_paths_weights_and_losses(
+        model_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One client of a network that trains clients one by one takes the module path (parameters as leaves,
+    ``backward``, the update in place): its trained weights and losses equal the functional path's bit for bit, a
+    client without rows keeps its weights, and a rule that is more than plain SGD keeps the functional path."""
+    torch.manual_seed(0)
+    shape = SimpleNamespace(name="x", task="classification", input_shape=(3, 16, 16), output_dim=4)
+    model = build_model(model_name, shape, {"width": 4} if model_name == "resnet-like" else {})  # type: ignore[arg-type]
+    spec = ParamSpec.from_module(model)
+    generator = torch.Generator().manual_seed(1)
+    xs = [torch.randn(rows, 3, 16, 16, generator=generator) for rows in (23, 0)]
+    ys = [torch.randint(0, 4, (len(x),), generator=generator) for x in xs]
+    data = ClientSplit.from_lists(xs, ys, "classification")
+    start = spec.flatten_module(model).unsqueeze(0).repeat(2, 1)
+    model.clients_per_chunk = 1
+    rule = plain_sgd(spec, "classification", LocalTraining(steps=4, batch_size=8, lr=0.1))
+    assert training.trains_as_a_module(model, rule, data.select(torch.tensor([0])), None, None)
+    assert not training.trains_as_a_module(model, ClientRule(rule.setting, prox_mu=0.1), data.select(torch.tensor([0])),
+                                           None, None)
+    assert not training.trains_as_a_module(model, rule, data.select(torch.tensor([1])), None, None)  # no rows
+    as_module = training.train_clients(model, spec, start, data, rule, [5, 6])
+    monkeypatch.setattr(training, "trains_as_a_module", lambda *args: False)
+    functional = training.train_clients(model, spec, start, data, rule, [5, 6])
+    assert torch.equal(as_module.trained, functional.trained)
+    assert not torch.equal(as_module.trained[0], start[0])  # it trained
+    assert torch.equal(as_module.trained[1], start[1])  # no rows: kept
+    for key in ("loss_first", "loss_last", "num_examples"):
+        assert torch.equal(as_module.metrics[key], functional.metrics[key]), key
+    assert not torch.equal(as_module.metrics["loss_first"], as_module.metrics["loss_last"])
