@@ -16,7 +16,7 @@ from graphfed import cli
 from graphfed.config import load_config
 from graphfed.data.datasets.folder import write_example_federation
 from graphfed.errors import DataError, UntrustedInputError
-from graphfed.export import client_model
+from graphfed.export import client_model, read_rows
 from graphfed.runs import read_result
 from graphfed.sim.engine import run_config
 
@@ -86,6 +86,18 @@ def test_predict_and_export_refuse_a_novel_client_of_local_and_say_why(folder: P
     refused = invoke("predict", out, "--client", "client3", "--input", rows, "--out", tmp_path / "p.csv")
     assert "never trained in this local run" in one_error_line(refused)
     assert "never trained" in one_error_line(invoke("export", out, "--client", "client3", "--out", tmp_path / "m.pt"))
+
+
+def test_a_csv_without_a_header_line_is_one_line_saying_the_first_line_is_the_header(tmp_path: Path) -> None:
+    """A user's one-row CSV without column names: numpy would only warn of an empty file; the error says why."""
+    rows = tmp_path / "rows.csv"
+    rows.write_text("0.1,0.2\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing of numpy's reaches the user
+        with pytest.raises(DataError, match=r"no rows after the first line \(a CSV's first line is its header"):
+            read_rows(rows, (2,))
+    rows.write_text("x0,x1\n0.1,0.2\n")
+    assert read_rows(rows, (2,)).tolist() == [[pytest.approx(0.1), pytest.approx(0.2)]]
 
 
 def test_export_from_a_folder_that_is_not_a_run_says_so(tmp_path: Path) -> None:

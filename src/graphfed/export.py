@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import math
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -106,9 +107,14 @@ def read_rows(path: Path, input_shape: tuple[int, ...]) -> torch.Tensor:
             raise DataError(f"{path}: not a readable .npz ({error})") from None
     elif path.suffix == ".csv":
         try:
-            rows = np.loadtxt(path, delimiter=",", skiprows=1, dtype=np.float32, ndmin=2)
+            with warnings.catch_warnings():  # an empty body is reported below, in the user's terms
+                warnings.simplefilter("ignore", UserWarning)
+                rows = np.loadtxt(path, delimiter=",", skiprows=1, dtype=np.float32, ndmin=2)
         except (OSError, ValueError) as error:
             raise DataError(f"{path}: not a CSV of numbers with a header line ({error})") from None
+        if not rows.size:
+            raise DataError(f"{path}: no rows after the first line (a CSV's first line is its header: column "
+                            f"names, never read as a row)")
     else:
         raise DataError(f"{path}: give a .csv or an .npz file")
     per_row = rows.reshape(len(rows), -1).shape[1] if rows.size else 0
