@@ -19,18 +19,16 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_grid import CLASSES, DATA, cifar_clients
+from cpu_grid import DATA, cifar_clients, cifar_model
 from graphfed.client.contract import LocalTraining, plain_sgd
 from graphfed.client.training import train_clients, train_one_module
 from graphfed.core.params import ParamSpec
-from graphfed.models import build_model
 from graphfed.provenance import code_provenance
 
 OUT = Path(__file__).resolve().parent / "results" / "client_threads.json"
@@ -40,8 +38,7 @@ MODELS = (("cnn-bn", {}), ("resnet-like", {"width": 8}))
 def measure(model_name: str, options: dict[str, Any], batch: int, clients: int, repeats: int) -> dict[str, Any]:
     data = cifar_clients(20, DATA).select(torch.arange(clients))
     torch.manual_seed(0)
-    model = build_model(model_name, SimpleNamespace(name="cifar10", task="classification",  # type: ignore[arg-type]
-                                                    input_shape=(3, 32, 32), output_dim=CLASSES), options)
+    model = cifar_model(model_name, options)
     spec = ParamSpec.from_module(model)
     model.clients_per_chunk = 1
     start = spec.flatten_module(model).unsqueeze(0).repeat(clients, 1)

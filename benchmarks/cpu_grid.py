@@ -135,6 +135,12 @@ def cifar_clients(clients: int, data_dir: Path) -> ClientSplit:
     return build_federation(config.dataset, config.seed).train
 
 
+def cifar_model(model_name: str, options: dict[str, Any]) -> TargetModel:
+    """A CIFAR-10 network (3x32x32 images, 10 classes) as a run on CIFAR-10 builds it."""
+    return build_model(model_name, SimpleNamespace(name="cifar10", task="classification",  # type: ignore[arg-type]
+                                                   input_shape=(3, 32, 32), output_dim=CLASSES), options)
+
+
 def run_module_loop(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data: ClientSplit,
                     training: LocalTraining) -> torch.Tensor:
     """PFLlib's / FL-bench's client loop: a deep copy of the model per client, a shuffling DataLoader over its
@@ -162,8 +168,7 @@ def run_module_loop(model: TargetModel, spec: ParamSpec, start: torch.Tensor, da
 def measure_realistic(model_name: str, options: dict[str, Any], data: ClientSplit, steps: int, batch: int,
                       repeats: int) -> dict[str, Any]:
     torch.manual_seed(0)
-    model = build_model(model_name, SimpleNamespace(name="cifar10", task="classification", input_shape=(3, 32, 32),
-                                                    output_dim=CLASSES), options)  # type: ignore[arg-type]
+    model = cifar_model(model_name, options)
     spec = ParamSpec.from_module(model)
     start = spec.flatten_module(model).unsqueeze(0).repeat(data.num_clients, 1)
     training = LocalTraining(steps, batch, 0.05)

@@ -22,7 +22,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -30,8 +29,7 @@ from torch.func import functional_call
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_grid import CLASSES, DATA, cifar_clients
-from graphfed.models import build_model
+from cpu_grid import DATA, cifar_clients, cifar_model
 from graphfed.provenance import code_provenance
 
 OUT = Path(__file__).resolve().parent / "results" / "step_variants.json"
@@ -42,8 +40,7 @@ def main() -> None:
     torch.set_num_threads(2)
     torch.manual_seed(0)
     x, y = cifar_clients(20, DATA).client(0)
-    model = build_model("resnet-like", SimpleNamespace(name="cifar10", task="classification",  # type: ignore[arg-type]
-                                                       input_shape=(3, 32, 32), output_dim=CLASSES), {"width": 8})
+    model = cifar_model("resnet-like", {"width": 8})
     draws = torch.Generator().manual_seed(0)
     batches = [(x[rows], y[rows]) for rows in (torch.randint(len(x), (BATCH,), generator=draws)
                                                 for _ in range(STEPS))]
