@@ -320,7 +320,7 @@ def _edit_summary(out: Path, method: str, seed: int, **changes: object) -> dict:
 def test_bench_reruns_a_cell_from_other_code_unless_told_to_keep_it_and_the_report_marks_it(tmp_path: Path) -> None:
     """summary.json records the code a run ran (its engine's behaviour, its own modules); a finished cell whose
     engine behaved otherwise is run again, or, with keep_stale, kept and marked stale (†) in its table with why."""
-    from graphfed.provenance import behaviour
+    from graphfed.provenance import behaviour, cpu_kernels
 
     suite = _tiny_fln_suite(tmp_path, "provenance", 1, ["fedavg"])
     out = tmp_path / "out"
@@ -329,6 +329,7 @@ def test_bench_reruns_a_cell_from_other_code_unless_told_to_keep_it_and_the_repo
     summary = json.loads(summary_path.read_text())
     assert summary["code"]["behaviour"] == behaviour() and len(summary["code"]["code_id"]) == 16
     assert {"methods/fedavg.py", "models/mlp.py", "data/datasets/fl_n.py"} <= set(summary["code"]["modules"])
+    assert summary["code"]["cpu"] == cpu_kernels()  # the kernels beside the code: other kernels, other roundings
     lines: list[str] = []
     run_suite(suite, out, in_process=True, echo=lines.append)
     assert any("done before, skipped" in line for line in lines)  # today's code: reused
@@ -347,6 +348,36 @@ def test_bench_reruns_a_cell_from_other_code_unless_told_to_keep_it_and_the_repo
     assert any(f"finished by other code ({why})" in line and "running again" in line for line in lines)
     assert json.loads(summary_path.read_text())["code"]["behaviour"] == behaviour()
     assert "| fedavg |" in report.read_text() and "All 1 runs are current." in report.read_text()
+    assert "CPU kernels (summary.json `code.cpu`; runs before they were recorded say nothing): this machine: 1." in (
+        report.read_text())
+
+
+def test_cpu_kernels_name_the_vendor_vector_level_and_the_extensions_kernels_branch_on() -> None:
+    """What decides a float sum's rounding on a CPU is named from /proc/cpuinfo: two machines whose kernels differ
+    (an AVX-512 Xeon with AMX, an AVX2 EPYC) get different names, and flags no kernel branches on are left out."""
+    from graphfed.provenance import cpu_kernels
+
+    sapphire = "vendor_id\t: GenuineIntel\nflags\t\t: fpu sse2 avx2 fma avx512f avx512_vnni avx512_bf16 amx_tile ht\n"
+    epyc = "vendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx2 fma ht\n"
+    intel, amd = cpu_kernels(sapphire), cpu_kernels(epyc)
+    assert intel.endswith("avx2+fma+avx512f+avx512_vnni+avx512_bf16+amx_tile") and "GenuineIntel" in intel
+    assert amd.endswith("avx2+fma") and "AuthenticAMD" in amd and "ht" not in amd.split()
+    assert cpu_kernels("") and "+" not in cpu_kernels("")  # no cpuinfo (not Linux): architecture and torch's level
+
+
+def test_the_report_counts_runs_by_cpu_kernels_and_says_other_kernels_round_otherwise() -> None:
+    from graphfed.provenance import cpu_kernels
+    from graphfed.report.suite import kernels_sentence
+    from graphfed.runs import RunResult
+
+    def run(cpu: str | None) -> RunResult:
+        return RunResult(status="completed", method="fedavg", dataset="fln", metric="accuracy",
+                         code={} if cpu is None else {"cpu": cpu})
+
+    sentence = kernels_sentence([run(cpu_kernels()), run(cpu_kernels()), run("x86_64 AuthenticAMD AVX2 avx2+fma"),
+                                 run(None)])
+    assert "this machine: 2; x86_64 AuthenticAMD AVX2 avx2+fma: 1; not recorded: 1." in sentence
+    assert "agree to float rounding" in sentence
 
 
 def test_plan_counts_current_stale_and_missing_runs_and_their_time_without_running(tmp_path: Path) -> None:

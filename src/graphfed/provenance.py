@@ -18,7 +18,8 @@ to the docs, the CLI or a report stales nothing, a change to one method stales t
 the engine that the vouch suite shows to be exact stales none. Runs made before runs recorded their modules carry one
 code id over all sources; ``behaviour.json``'s ``legacy`` entries say which behaviour and module hashes such an id
 stands for (and for which runs a vouch covered it: a vouch without private runs does not cover them). The package
-version, the git commit (when imported from a checkout), whether its sources differ from it and torch's version are
+version, the git commit (when imported from a checkout), whether its sources differ from it, torch's version and the
+CPU's kernel family (:func:`cpu_kernels`: the same code and config compute other roundings on other kernels) are
 recorded beside.
 """
 
@@ -165,12 +166,41 @@ def _git(*args: str) -> str | None:
     return completed.stdout.strip() if completed.returncode == 0 else None
 
 
+#: instruction-set extensions whose presence changes which fp32 kernels MKL, oneDNN and ATen run
+KERNEL_EXTENSIONS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "sve", "asimd")
+
+
+@cache
+def cpu_kernels(cpuinfo: str | None = None) -> str:
+    """The CPU as far as it decides float rounding: the architecture, the vendor (MKL and oneDNN pick their paths by
+    it), torch's vectorisation level and the extensions of :data:`KERNEL_EXTENSIONS` present (``cpuinfo``: the text
+    of ``/proc/cpuinfo``, read when None). The same code, config, torch and thread count give the same numbers bit
+    for bit on one machine; another CPU may run other kernels, whose numbers agree to float rounding only, and a
+    value that feeds rounding back (a novel client's adaptation) can move further (docs/explanation/evaluation.md).
+    """
+    import platform
+
+    import torch
+
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:  # not Linux: architecture and torch's level only
+            cpuinfo = ""
+    fields = dict(line.split(":", 1) for line in cpuinfo.splitlines() if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    extensions = "+".join(name for name in KERNEL_EXTENSIONS if name in flags)
+    parts = [platform.machine(), fields.get("vendor_id", ""), torch.backends.cpu.get_cpu_capability(), extensions]
+    return " ".join(part for part in parts if part)
+
+
 @cache
 def code_provenance() -> dict[str, Any]:
-    """``{"code_id", "version", "git_commit", "dirty", "torch"}`` of the running code as a whole (computed once per
-    process): what a benchmark that is not one run records. ``code_id`` is the first 16 hex digits of
+    """``{"code_id", "version", "git_commit", "dirty", "torch", "cpu"}`` of the running code as a whole (computed once
+    per process): what a benchmark that is not one run records. ``code_id`` is the first 16 hex digits of
     :func:`source_hash`; ``git_commit`` and ``dirty`` are None when the package is not imported from a git checkout
-    (an installed wheel)."""
+    (an installed wheel); ``cpu`` is :func:`cpu_kernels` (the numbers depend on the kernels as on torch)."""
     try:
         version = metadata.version("graphfed")
     except metadata.PackageNotFoundError:
@@ -180,7 +210,7 @@ def code_provenance() -> dict[str, Any]:
     import torch  # the numbers also depend on torch's kernels: recorded beside the code id, not part of it
 
     return {"code_id": source_hash()[:16], "version": version, "git_commit": commit,
-            "dirty": None if status is None else bool(status), "torch": torch.__version__}
+            "dirty": None if status is None else bool(status), "torch": torch.__version__, "cpu": cpu_kernels()}
 
 
 def run_code(roots: Iterable[str]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from graphfed import runs
-from graphfed.provenance import code_provenance
+from graphfed.provenance import code_provenance, cpu_kernels
 from graphfed.report.plots import plot_comparison
 from graphfed.report.tables import compare_rows, format_value, metric_note, row_cells
 from graphfed.report.tables import headers as table_headers
@@ -169,7 +169,7 @@ def config_metric(rows: list[dict[str, Any]]) -> str:
 
 def environment() -> dict[str, Any]:
     return {"torch": torch.__version__, "platform": platform.platform(), "python": platform.python_version(),
-            "cpu_count": os.cpu_count()}
+            "cpu_count": os.cpu_count(), "cpu": cpu_kernels()}
 
 
 def _previous_invocations(out: Path) -> list[dict[str, Any]]:
@@ -348,7 +348,8 @@ def run_index(results: dict[tuple[str, str], list[RunResult]], stale_of: StaleOf
 def _invocation_lines(invocations: list[dict[str, Any]], env: dict[str, Any]) -> list[str]:
     """The invocations that wrote runs into this folder, with their time in new cells; runs made in another folder
     (a git worktree, another machine) and copied in leave no invocation here, so the lines say where to look."""
-    machine = f"torch {env['torch']}, {env['cpu_count']} CPU(s), {env['platform']}."
+    machine = (f"torch {env['torch']}, {env['cpu_count']} CPU(s) ({env.get('cpu', 'kernels unrecorded')}), "
+               f"{env['platform']}.")
     copied = ("Runs made in another folder and copied in are not listed here; each run's `summary.json` records "
               "the code id and git commit that made it.")
     if not invocations:
@@ -360,19 +361,33 @@ def _invocation_lines(invocations: list[dict[str, Any]], env: dict[str, Any]) ->
 
 
 def code_line(results: dict[tuple[str, str], list[RunResult]], stale_of: StaleOf) -> str:
-    """One sentence: whether every run is a run of the code that wrote the report (its engine's behaviour and the
-    run's own modules, :mod:`graphfed.provenance`), and how many are stale, why."""
+    """One paragraph: whether every run is a run of the code that wrote the report (its engine's behaviour and the
+    run's own modules, :mod:`graphfed.provenance`), how many are stale, why, and on which CPU kernels they ran."""
     finished = [(key, method, s) for (key, method), results_of_cell in results.items() for s in results_of_cell
                 if s.completed]
     reasons = Counter(why for key, method, run in finished if (why := stale_of(key, method, run)))
     text = ("Code: a run is current while its engine's behaviour and its own method, model and dataset modules are "
             "the code's that wrote this report (each summary.json records them). ")
     if not reasons:
-        return text + f"All {len(finished)} runs are current."
-    return text + (f"{sum(reasons.values())} of {len(finished)} runs are stale ("
-                   + "; ".join(f"{why}: {count}" for why, count in reasons.most_common())
-                   + "): marked † in their tables and listed under them until re-run (`graphfed bench` re-runs them).")
+        text += f"All {len(finished)} runs are current."
+    else:
+        text += (f"{sum(reasons.values())} of {len(finished)} runs are stale ("
+                 + "; ".join(f"{why}: {count}" for why, count in reasons.most_common())
+                 + "): marked † in their tables and listed under them until re-run (`graphfed bench` re-runs them).")
+    return text + " " + kernels_sentence([run for _, _, run in finished])
+
+
+def kernels_sentence(finished: list[RunResult]) -> str:
+    """Which CPU kernels the runs ran on (summary.json ``code.cpu``): a config re-run on other kernels gives its
+    numbers to float rounding only, so a reader re-running a table needs to know."""
+    kinds = Counter(str((run.code or {}).get("cpu") or "not recorded") for run in finished)
+    here = cpu_kernels()
+    listed = "; ".join(f"{'this machine' if kind == here else kind}: {count}" for kind, count in kinds.most_common())
+    return (f"CPU kernels (summary.json `code.cpu`; runs before they were recorded say nothing): {listed}. Re-run "
+            "on the same kernels, torch and thread count, a run gives its numbers bit for bit; on others they agree "
+            "to float rounding, and what feeds rounding back (a novel client's adaptation) can move further.")
 
 
 __all__ = ["NOT_RUN", "StaleOf", "claim_verdict", "claim_verdicts", "code_line", "current_code_id",
-           "deviations_section", "report_sections", "verdict_counts", "verdict_table", "write_report"]
+           "deviations_section", "kernels_sentence", "report_sections", "verdict_counts", "verdict_table",
+           "write_report"]
