@@ -8,6 +8,7 @@ against the same runs alone, field for field (timings aside). The pack decides f
 (``graphfed.client.autotune.choose_packing``), as a user's would; its choice is recorded.
 
     .venv/bin/python benchmarks/pack.py                    # -> benchmarks/results/pack.json (about 15 minutes)
+    .venv/bin/python benchmarks/pack.py --threads 2 --out benchmarks/results/pack_2threads.json
     .venv/bin/python benchmarks/pack.py --quick --out /tmp/pack.json
 """
 
@@ -51,9 +52,10 @@ def comparable(result: RunResult) -> dict[str, Any]:
     return {key: value for key, value in result.model_dump(mode="json").items() if key not in SKIP}
 
 
-def measure(method: str, base: list[str], rounds: int, seeds: int) -> dict[str, Any]:
+def measure(method: str, base: list[str], rounds: int, seeds: int, threads: int = 1) -> dict[str, Any]:
     configs: list[RunConfig] = [load_config(None, [*base, f"method.name={method}", f"train.rounds={rounds}",
-                                                   "torch_threads=1", f"seed={seed}"]) for seed in range(seeds)]
+                                                   f"torch_threads={threads}", f"seed={seed}"])
+                                for seed in range(seeds)]
     one_round = [config.model_copy(update={"train": config.train.model_copy(update={"rounds": 1})})
                  for config in configs]
     # warm-up, as a user's machine is after its first run: data cached, kernels loaded, the chunk size and the
@@ -94,18 +96,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 seeds, 4 rounds, the FL-60 cells only")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of every run, alone and packed")
     parser.add_argument("--only", default=None,
                         help="comma-separated cells (e.g. cifar10-lenet/fedavg) to re-measure into an existing --out")
     args = parser.parse_args()
     result: dict[str, Any] = {"benchmark": "pack", "code": code_provenance(), "quick": args.quick,
-                              "threads": 1, "cells": {}}
+                              "threads": args.threads, "cells": {}}
     only = set(args.only.split(",")) if args.only else None
     if only and args.out.exists():  # the other cells stay as measured; each cell records its own code id
         result["cells"] = json.loads(args.out.read_text())["cells"]
     for cell, method, base, rounds, target in CELLS:
         if (args.quick and cell != "fl60") or (only and f"{cell}/{method}" not in only):
             continue
-        row = measure(method, base, 4 if args.quick else rounds, 3 if args.quick else 10)
+        row = measure(method, base, 4 if args.quick else rounds, 3 if args.quick else 10, args.threads)
         row["target_speedup"] = target
         row["code_id"] = code_provenance()["code_id"]
         result["cells"][f"{cell}/{method}"] = row
