@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +21,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_grid import DATA, REALISTIC_MODELS, cifar_clients, cifar_model
-from graphfed.client.autotune import choose_clients_per_chunk
-from graphfed.client.contract import LocalTraining, plain_sgd
+from cpu_grid import DATA, REALISTIC_MODELS, cifar_clients, cifar_model, fresh_calibration
+from graphfed.client.contract import LocalTraining
 from graphfed.core.params import ParamSpec
 from graphfed.provenance import code_provenance
 from graphfed.runs import atomic_write_text
@@ -50,14 +47,9 @@ def main() -> None:
             for _ in range(args.repeats):
                 torch.manual_seed(0)
                 model = cifar_model(name, options)
-                spec = ParamSpec.from_module(model)
-                rule = plain_sgd(spec, "classification", LocalTraining(steps, batch, 0.05))
-                began = time.perf_counter()
-                with tempfile.TemporaryDirectory() as cache:
-                    choice = choose_clients_per_chunk(model, spec, data, rule, data.num_clients,
-                                                      cache_file=Path(cache) / "autotune.json")
-                picks.append({"clients_per_chunk": choice.clients_per_chunk,
-                              "seconds": round(time.perf_counter() - began, 3),
+                choice, seconds = fresh_calibration(model, ParamSpec.from_module(model), data,
+                                                    LocalTraining(steps, batch, 0.05), data.num_clients)
+                picks.append({"clients_per_chunk": choice.clients_per_chunk, "seconds": round(seconds, 3),
                               "certainty": choice.record().get("certainty")})
             chosen = {pick["clients_per_chunk"] for pick in picks}
             cells.append({"model": name, "clients": clients, "steps": steps, "batch": batch, "picks": picks,

@@ -45,7 +45,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
-from graphfed.client.autotune import choose_clients_per_chunk
+from graphfed.client.autotune import ChunkChoice, choose_clients_per_chunk
 from graphfed.client.contract import LocalTraining, plain_sgd
 from graphfed.client.training import train_clients
 from graphfed.core.params import ParamSpec
@@ -165,6 +165,17 @@ def run_module_loop(model: TargetModel, spec: ParamSpec, start: torch.Tensor, da
     return torch.stack(trained)
 
 
+def fresh_calibration(model: TargetModel, spec: ParamSpec, data: ClientSplit, training: LocalTraining,
+                      clients: int) -> tuple[ChunkChoice, float]:
+    """The chunk-size calibration a run makes at its start, from an empty cache (as on a new machine), and its
+    seconds."""
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory() as cache:
+        choice = choose_clients_per_chunk(model, spec, data, plain_sgd(spec, "classification", training), clients,
+                                          cache_file=Path(cache) / "autotune.json")
+    return choice, time.perf_counter() - began
+
+
 def measure_realistic(model_name: str, options: dict[str, Any], data: ClientSplit, steps: int, batch: int,
                       repeats: int) -> dict[str, Any]:
     torch.manual_seed(0)
@@ -172,11 +183,7 @@ def measure_realistic(model_name: str, options: dict[str, Any], data: ClientSpli
     spec = ParamSpec.from_module(model)
     start = spec.flatten_module(model).unsqueeze(0).repeat(data.num_clients, 1)
     training = LocalTraining(steps, batch, 0.05)
-    calibration_start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as cache:  # a fresh calibration, as a run on a new machine makes
-        choice = choose_clients_per_chunk(model, spec, data, plain_sgd(spec, "classification", training),
-                                          data.num_clients, cache_file=Path(cache) / "autotune.json")
-    calibration_s = time.perf_counter() - calibration_start
+    choice, calibration_s = fresh_calibration(model, spec, data, training, data.num_clients)
     model.clients_per_chunk = choice.clients_per_chunk
     sides = {"graphfed": lambda: run_graphfed(model, spec, start, data, training),
              "loop": lambda: run_module_loop(model, spec, start, data, training)}
@@ -228,11 +235,7 @@ def measure(model_name: str, clients: int, batch: int, steps: int, repeats: int,
     data = client_data(model_name, clients, seed)
     training = LocalTraining(steps, batch, 0.05)
     # graphfed batches clients as a run would: the chunk size its start-of-run calibration measures (not cached)
-    calibration_start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as cache:
-        choice = choose_clients_per_chunk(model, spec, data, plain_sgd(spec, "classification", training), clients,
-                                          cache_file=Path(cache) / "autotune.json")
-    calibration_s = time.perf_counter() - calibration_start
+    choice, calibration_s = fresh_calibration(model, spec, data, training, clients)
     model.clients_per_chunk = choice.clients_per_chunk
     # the loop a second time, as its own side: loop / loop_again is what timing noise alone does to a ratio here
     sides = {"graphfed": lambda: run_graphfed(model, spec, start, data, training),
