@@ -144,3 +144,4 @@ def test_a_client_trained_as_a_module_gets_the_functional_paths_weights_and_loss
     for key in ("loss_first", "loss_last", "num_examples"):
         assert torch.equal(as_module.metrics[key], functional.metrics[key]), key
     assert not torch.equal(as_module.metrics["loss_first"], as_module.metrics["loss_last"])
+

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from graphfed import runs
+from graphfed.client.side_by_side import WORKERS_VARIABLE
 from graphfed.config import ConfigError, RunConfig, dump_config, load_config, same_run
 from graphfed.errors import GraphfedError, UntrustedInputError
 from graphfed.provenance import stale_reason
@@ -89,18 +90,28 @@ def _recorded_summary(directory: Path, config: RunConfig) -> RunResult | None:
 
 
 @contextmanager
-def _data_dir_env(data_dir: Path | None) -> Iterator[None]:
-    """Point datasets whose config names no data_dir at ``data_dir`` (cells' configs stay location-free)."""
-    previous = os.environ.get("GRAPHFED_DATA")
-    if data_dir is not None:
-        os.environ["GRAPHFED_DATA"] = str(data_dir.resolve())
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` set in this process's environment (which the cells' processes inherit) for the block."""
+    previous = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if previous is None:
-            os.environ.pop("GRAPHFED_DATA", None)
-        else:
-            os.environ["GRAPHFED_DATA"] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _cell_environment(data_dir: Path | None, jobs: int) -> dict[str, str]:
+    """Datasets whose config names no data_dir read ``data_dir`` (cells' configs stay location-free); with ``jobs``
+    cells at once, each runs its clients side by side on its share of the cores (graphfed.client.side_by_side),
+    unless the caller pinned how many."""
+    values = {"GRAPHFED_DATA": str(data_dir.resolve())} if data_dir is not None else {}
+    if jobs > 1 and WORKERS_VARIABLE not in os.environ:
+        values[WORKERS_VARIABLE] = str(max(1, (os.cpu_count() or 1) // jobs))
+    return values
 
 
 def _run_in_process(cell: Cell, directory: Path, resume: bool) -> RunResult:
@@ -292,7 +303,7 @@ def run_cells(cells: list[Cell], out: Path, in_process: bool = False, data_dir: 
         summaries[index], resume = _reuse_or_plan(cell, cell.directory(out), keep_stale, labels[index], echo)
         if summaries[index] is None:
             to_run.append((index, cell.directory(out), resume))
-    with _data_dir_env(data_dir), ThreadPoolExecutor(max_workers=jobs) as pool:
+    with _environment(_cell_environment(data_dir, jobs)), ThreadPoolExecutor(max_workers=jobs) as pool:
         running: dict[Future[list[RunResult]], list[int]] = {}
         try:
             for job in _pack_jobs(cells, to_run, pack):

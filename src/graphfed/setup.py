@@ -23,6 +23,7 @@ from graphfed.client.contract import ClientRule, ClientSetting, LocalTraining
 from graphfed.client.executor import ArchitectureRuntime, ClientExecutor, ClientRuntime, ClientStateStore
 from graphfed.client.placement import HostRandomDraws, resolve_device, use_tensor_cores
 from graphfed.client.privacy import PrivacyPlan, plan_privacy
+from graphfed.client.side_by_side import side_by_side_workers
 from graphfed.config import RunConfig
 from graphfed.core import rng
 from graphfed.core.memory import check_fits, fits
@@ -180,6 +181,9 @@ class ClientSide:
                                               clients_at_once, train.autotune, train.clients_per_chunk)
             network.clients_per_chunk = choice.clients_per_chunk
             choices[name] = choice.record()
+            if choice.clients_per_chunk == 1 and network.loops_clients_on(self.device):
+                # one-client chunks of plain SGD train this many at a time (graphfed.client.training)
+                choices[name]["clients_side_by_side"] = side_by_side_workers()
         return choices
 
     def simple_tuning(self) -> SimpleTuning | None:

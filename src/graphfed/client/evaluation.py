@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import copy
 import math
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -13,6 +15,7 @@ import torch
 from graphfed.client.contract import Weights
 from graphfed.client.losses import per_row_loss
 from graphfed.client.placement import autocast
+from graphfed.client.side_by_side import map_side_by_side, side_by_side_workers
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import ClientSplit, RowBlocks, Task
 from graphfed.models.base import TargetModel
@@ -117,9 +120,27 @@ def evaluate_clients(model: TargetModel, spec: ParamSpec, weights: torch.Tensor,
     shared = (forward is None and not model.batch_statistics and len(weights) > 1
               and (weights.stride(0) == 0 or all(torch.equal(rows, weights[:1].expand_as(rows))
                                                  for rows in weights.split(256))))
-    for block in scoring_blocks(model, data, spec.dim, max_elements):
-        with autocast(precision, weights.device):
-            outputs = _block_outputs(model, spec, weights, block, shared, forward).float()  # scored in fp32
+    # A network that scores its clients one by one scores them side by side on one thread each where it may
+    # (graphfed.client.side_by_side: the same bits), each worker on its own copy (functional_call swaps a module's
+    # parameters in place); the sums below still add the clients in order
+    side_by_side = model.batch_statistics and forward is None and model.loops_clients_on(weights.device)
+    workers = side_by_side_workers() if side_by_side else 1
+    copies = threading.local()
+
+    def worker_network() -> TargetModel:
+        if workers == 1:
+            return model
+        network = getattr(copies, "network", None)
+        if network is None:
+            network = copies.network = copy.deepcopy(model)
+        return network
+
+    def block_outputs(block: RowBlocks) -> tuple[RowBlocks, torch.Tensor]:
+        with torch.no_grad(), autocast(precision, weights.device):  # both are per thread
+            return block, _block_outputs(worker_network(), spec, weights, block, shared, forward).float()  # fp32
+
+    for block, outputs in map_side_by_side(block_outputs, scoring_blocks(model, data, spec.dim, max_elements),
+                                           workers):
         loss_sum += sum_by_client(per_row_loss(outputs, block.y, task), block, num_clients)
         if task == "classification":
             correct = (outputs.argmax(-1) == block.y).to(torch.float32)

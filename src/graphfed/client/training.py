@@ -12,6 +12,7 @@ from graphfed.client.contract import ClientRule, LocalResult, LocalStep, LocalTr
 from graphfed.client.evaluation import scoring_blocks, sum_by_client
 from graphfed.client.losses import per_client_loss, per_row_loss
 from graphfed.client.placement import autocast
+from graphfed.client.side_by_side import map_side_by_side, side_by_side_workers
 from graphfed.core.params import ParamSpec
 from graphfed.core.rng import unit_direction as rng_direction
 from graphfed.data.federation import ClientSplit, Task
@@ -74,11 +75,18 @@ def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data
         # Clients are independent: large models train a chunk of clients at a time, so the weights, gradients
         # and updates of a step stay cache-sized (50 clients x 1.6M parameters rewritten per step are
         # memory-bound); results equal all-at-once training up to float rounding.
-        parts = [train_clients(model, spec, start[rows], data.select(rows), rule,
-                               [batch_seeds[i] for i in rows.tolist()],
-                               None if state is None else {k: v[rows] for k, v in state.items()},
-                               None if broadcast is None else {k: v[rows] for k, v in broadcast.items()})
-                 for rows in torch.arange(data.num_clients, device="cpu").split(per_chunk)]
+        def train_chunk(rows: torch.Tensor) -> LocalResult:
+            return train_clients(model, spec, start[rows], data.select(rows), rule,
+                                 [batch_seeds[i] for i in rows.tolist()],
+                                 None if state is None else {k: v[rows] for k, v in state.items()},
+                                 None if broadcast is None else {k: v[rows] for k, v in broadcast.items()})
+
+        chunks = torch.arange(data.num_clients, device="cpu").split(per_chunk)
+        # One-client chunks that train as modules (each on its own copy of the network) may run side by side
+        # (graphfed.client.side_by_side): the same kernels on one thread each, so the same bits
+        as_modules = per_chunk == 1 and bool((data.counts > 0).all()) and trains_as_a_module(
+            model, rule, data.select(chunks[0]), state, broadcast)
+        parts = list(map_side_by_side(train_chunk, chunks, side_by_side_workers() if as_modules else 1))
         return LocalResult(torch.cat([part.trained for part in parts]),
                            {key: torch.cat([part.metrics[key] for part in parts]) for key in parts[0].metrics},
                            {key: torch.cat([part.state[key] for part in parts]) for key in parts[0].state})
