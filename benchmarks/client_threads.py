@@ -5,8 +5,9 @@ Real CIFAR-10 Dir(0.1) clients (8 of a 20-client split), 50 plain-SGD steps, bat
 ``train_clients`` (one client at a time, 2 intra-op threads) against the same clients trained by
 ``graphfed.client.training.train_one_module`` on 2 Python threads with 1 intra-op thread each, interleaved in
 alternating order, best of ``--repeats``. It also records whether the side-by-side weights equal a 1-thread run's
-and a 2-thread run's bit for bit: convolutions sum in a thread-count-dependent order, so adopting it would give
-every run with ``torch_threads`` > 1 the numbers of ``torch_threads: 1``.
+and a 2-thread run's bit for bit: convolutions sum in a thread-count-dependent order, so it keeps a run's numbers
+only at ``torch_threads: 1``, which is where graphfed now uses it (``graphfed.client.side_by_side``; the realistic
+cells of ``cpu_grid.py`` time it against the loop).
 
     .venv/bin/python benchmarks/client_threads.py      # -> benchmarks/results/client_threads.json (~5 minutes)
 """

@@ -140,3 +140,34 @@ def test_bench_gives_each_of_its_jobs_its_share_of_the_cores(monkeypatch: pytest
     assert bench._cell_environment(None, 16) == {side_by_side.WORKERS_VARIABLE: "1"}
     monkeypatch.setenv(side_by_side.WORKERS_VARIABLE, "3")
     assert bench._cell_environment(None, 2) == {}
+
+
+def test_a_run_with_clients_side_by_side_gives_every_number_of_the_run_one_after_another(
+        monkeypatch: pytest.MonkeyPatch, threads: None) -> None:
+    """A FedAvg CNN-BN run at ``torch_threads: 1`` with two workers and with one: the same summary, field for field,
+    and the record of how it ran says which."""
+    from graphfed.config import validate_config
+    from graphfed.sim.engine import run_config
+
+    config = validate_config({
+        "seed": 1, "torch_threads": 1, "method": {"name": "fedavg"},
+        "dataset": {"name": "mnist", "num_clients": 4, "client_fraction": 0.01, "novel_fraction": 0.0},
+        "model": {"name": "cnn-bn", "options": {"channels": 4, "hidden": 16}},
+        "train": {"rounds": 2, "clients_per_round": 4, "local_steps": 3, "batch_size": 8, "lr": 0.05,
+                  "eval_every": 1}})
+    summaries = {}
+    ran_on = _recording_threads(monkeypatch, training, "train_one_module")
+    for workers in ("1", "2"):
+        monkeypatch.setenv(side_by_side.WORKERS_VARIABLE, workers)
+        summaries[workers] = run_config(config, None, progress=False).model_dump()
+        assert len(ran_on) == 8  # 4 clients x 2 rounds, each trained as a module
+        assert all(name.startswith("graphfed-client") == (workers == "2") for name in ran_on), ran_on
+        ran_on.clear()
+    assert summaries["1"]["execution"]["cnn-bn"]["clients_side_by_side"] == 1
+    assert summaries["2"]["execution"]["cnn-bn"]["clients_side_by_side"] == 2
+    assert summaries["1"]["execution"]["cnn-bn"]["clients_per_chunk"] == 1
+    how_it_ran = {"wall_seconds", "peak_rss_mb", "execution", "code", "cell_seconds"}
+    for field, value in summaries["1"].items():
+        if field not in how_it_ran:
+            assert summaries["2"][field] == value, field
+    assert summaries["1"]["test_mean"] is not None
