@@ -205,7 +205,7 @@ def measure_realistic(model_name: str, options: dict[str, Any], data: ClientSpli
             "execution": choice.record(), "calibration_s": round(calibration_s, 3),
             "graphfed_s": round(times["graphfed"], 3), "loop_s": round(times["loop"], 3),
             "ratio": round(times["loop"] / times["graphfed"], 3),
-            **({"clients_side_by_side": on_one_thread(side_by_side_workers, threads),
+            **({"clients_side_by_side": on_one_thread(lambda: side_by_side_workers(torch.device("cpu")), threads),
                 "graphfed_side_by_side_s": round(times["graphfed_side_by_side"], 3),
                 "ratio_side_by_side": round(times["loop"] / times["graphfed_side_by_side"], 3)} if side_by_side
                else {})}

@@ -85,7 +85,11 @@ def test_more_intra_op_threads_keep_every_client_on_the_calling_thread(
     ran_on = _recording_threads(monkeypatch, training, "train_one_module")
     monkeypatch.setenv(side_by_side.WORKERS_VARIABLE, "3")
     torch.set_num_threads(2)
-    assert side_by_side.side_by_side_workers() == 1
+    assert side_by_side.side_by_side_workers(torch.device("cpu")) == 1
+    torch.set_num_threads(1)
+    assert side_by_side.side_by_side_workers(torch.device("cpu")) == 3
+    assert side_by_side.side_by_side_workers(torch.device("cuda")) == 1  # an accelerator's queue is no core
+    torch.set_num_threads(2)
     training.train_clients(model, spec, start, data, rule, [1, 2, 3, 4, 5])
     assert ran_on == [threading.current_thread().name] * 5
 
@@ -125,7 +129,7 @@ def test_a_wrong_worker_count_in_the_environment_is_named(value: str, monkeypatc
     monkeypatch.setenv(side_by_side.WORKERS_VARIABLE, value)
     torch.set_num_threads(1)
     with pytest.raises(ValueError, match=f"GRAPHFED_CLIENT_WORKERS={value!r}: give a whole number"):
-        side_by_side.side_by_side_workers()
+        side_by_side.side_by_side_workers(torch.device("cpu"))
 
 
 def test_bench_gives_each_of_its_jobs_its_share_of_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -183,7 +183,7 @@ class ClientSide:
             choices[name] = choice.record()
             if choice.clients_per_chunk == 1 and network.loops_clients_on(self.device):
                 # one-client chunks of plain SGD train this many at a time (graphfed.client.training)
-                choices[name]["clients_side_by_side"] = side_by_side_workers()
+                choices[name]["clients_side_by_side"] = side_by_side_workers(self.device)
         return choices
 
     def simple_tuning(self) -> SimpleTuning | None:

@@ -124,7 +124,7 @@ def evaluate_clients(model: TargetModel, spec: ParamSpec, weights: torch.Tensor,
     # (graphfed.client.side_by_side: the same bits), each worker on its own copy (functional_call swaps a module's
     # parameters in place); the sums below still add the clients in order
     side_by_side = model.batch_statistics and forward is None and model.loops_clients_on(weights.device)
-    workers = side_by_side_workers() if side_by_side else 1
+    workers = side_by_side_workers(weights.device) if side_by_side else 1
     copies = threading.local()
 
     def worker_network() -> TargetModel:

@@ -26,10 +26,10 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 
-def side_by_side_workers() -> int:
-    """How many clients run at once: 1 unless torch runs on one intra-op thread, then ``GRAPHFED_CLIENT_WORKERS`` if
-    set, else the cores this process may use."""
-    if torch.get_num_threads() != 1:
+def side_by_side_workers(device: torch.device) -> int:
+    """How many clients computing on ``device`` run at once: 1 unless it is a CPU and torch runs on one intra-op
+    thread, then ``GRAPHFED_CLIENT_WORKERS`` if set, else the cores this process may use."""
+    if device.type != "cpu" or torch.get_num_threads() != 1:
         return 1
     pinned = os.environ.get(WORKERS_VARIABLE, "").strip()
     if pinned:

@@ -86,7 +86,7 @@ def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data
         # (graphfed.client.side_by_side): the same kernels on one thread each, so the same bits
         as_modules = per_chunk == 1 and bool((data.counts > 0).all()) and trains_as_a_module(
             model, rule, data.select(chunks[0]), state, broadcast)
-        parts = list(map_side_by_side(train_chunk, chunks, side_by_side_workers() if as_modules else 1))
+        parts = list(map_side_by_side(train_chunk, chunks, side_by_side_workers(data.device) if as_modules else 1))
         return LocalResult(torch.cat([part.trained for part in parts]),
                            {key: torch.cat([part.metrics[key] for part in parts]) for key in parts[0].metrics},
                            {key: torch.cat([part.state[key] for part in parts]) for key in parts[0].state})
