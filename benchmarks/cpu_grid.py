@@ -22,7 +22,10 @@ CIFAR-10 Dir(0.1) splits of 20 and 100 clients (each client's own training rows)
 and 32. The loop there is the one PFLlib and FL-bench write: ``copy.deepcopy`` of the model per client, a shuffling
 ``DataLoader`` over the client's tensors (epochs until the steps are done), ``SGD``, ``zero_grad / backward /
 step``, the module called as a module. graphfed runs the chunk size a fresh calibration of the run's own kind picks
-(its choice, its time and its certainty are recorded); both sides run interleaved, best of ``--repeats``.
+(its choice, its time and its certainty are recorded); both sides run interleaved, best of ``--repeats``. For a
+network that trains its clients one at a time (CNN-BN, ResNet-like) a third side runs graphfed at one intra-op
+thread, its clients side by side (``graphfed.client.side_by_side``: the numbers of a ``torch_threads: 1`` run):
+``ratio_side_by_side``.
 
     .venv/bin/python benchmarks/cpu_grid.py             # writes benchmarks/results/cpu_grid.json
     .venv/bin/python benchmarks/cpu_grid.py --realistic --out benchmarks/results/cpu_realistic.json
