@@ -15,6 +15,7 @@ from graphfed.client import evaluation, side_by_side, training
 from graphfed.client.contract import LocalTraining, plain_sgd
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import ClientSplit
+from graphfed.errors import ConfigError
 from graphfed.models import build_model
 from graphfed.models.base import TargetModel
 
@@ -128,7 +129,7 @@ def test_a_wrong_worker_count_in_the_environment_is_named(value: str, monkeypatc
                                                           threads: None) -> None:
     monkeypatch.setenv(side_by_side.WORKERS_VARIABLE, value)
     torch.set_num_threads(1)
-    with pytest.raises(ValueError, match=f"GRAPHFED_CLIENT_WORKERS={value!r}: give a whole number"):
+    with pytest.raises(ConfigError, match=f"GRAPHFED_CLIENT_WORKERS={value!r}: give a whole number"):
         side_by_side.side_by_side_workers(torch.device("cpu"))
 
 
@@ -138,7 +139,7 @@ def test_bench_gives_each_of_its_jobs_its_share_of_the_cores(monkeypatch: pytest
     from graphfed import bench
 
     monkeypatch.delenv(side_by_side.WORKERS_VARIABLE, raising=False)
-    monkeypatch.setattr(bench.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(bench, "usable_cores", lambda: 8)
     assert bench._cell_environment(None, 1) == {}
     assert bench._cell_environment(None, 2) == {side_by_side.WORKERS_VARIABLE: "4"}
     assert bench._cell_environment(None, 16) == {side_by_side.WORKERS_VARIABLE: "1"}

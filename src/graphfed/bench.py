@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from graphfed import runs
-from graphfed.client.side_by_side import WORKERS_VARIABLE
+from graphfed.client.side_by_side import WORKERS_VARIABLE, usable_cores
 from graphfed.config import ConfigError, RunConfig, dump_config, load_config, same_run
 from graphfed.errors import GraphfedError, UntrustedInputError
 from graphfed.provenance import stale_reason
@@ -110,7 +110,7 @@ def _cell_environment(data_dir: Path | None, jobs: int) -> dict[str, str]:
     unless the caller pinned how many."""
     values = {"GRAPHFED_DATA": str(data_dir.resolve())} if data_dir is not None else {}
     if jobs > 1 and WORKERS_VARIABLE not in os.environ:
-        values[WORKERS_VARIABLE] = str(max(1, (os.cpu_count() or 1) // jobs))
+        values[WORKERS_VARIABLE] = str(max(1, usable_cores() // jobs))
     return values
 
 

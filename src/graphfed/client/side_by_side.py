@@ -19,6 +19,8 @@ from typing import TypeVar
 
 import torch
 
+from graphfed.errors import ConfigError
+
 #: environment variable that pins how many clients run side by side (1: one after another)
 WORKERS_VARIABLE = "GRAPHFED_CLIENT_WORKERS"
 
@@ -34,9 +36,9 @@ def side_by_side_workers(device: torch.device) -> int:
     pinned = os.environ.get(WORKERS_VARIABLE, "").strip()
     if pinned:
         if not pinned.isdigit() or int(pinned) < 1:
-            raise ValueError(f"{WORKERS_VARIABLE}={pinned!r}: give a whole number of clients, at least 1")
+            raise ConfigError(f"{WORKERS_VARIABLE}={pinned!r}: give a whole number of clients, at least 1")
         return int(pinned)
-    return _usable_cores()
+    return usable_cores()
 
 
 def map_side_by_side(work: Callable[[Item], Result], items: Iterable[Item], workers: int) -> Iterator[Result]:
@@ -66,7 +68,8 @@ def map_side_by_side(work: Callable[[Item], Result], items: Iterable[Item], work
 
 
 @functools.cache
-def _usable_cores() -> int:
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the system says, else every core)."""
     affinity = getattr(os, "sched_getaffinity", None)
     return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
@@ -76,4 +79,4 @@ def _worker_pool(workers: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(workers, thread_name_prefix="graphfed-client")
 
 
-__all__ = ["WORKERS_VARIABLE", "map_side_by_side", "side_by_side_workers"]
+__all__ = ["WORKERS_VARIABLE", "map_side_by_side", "side_by_side_workers", "usable_cores"]
