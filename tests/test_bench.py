@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -170,6 +171,22 @@ def test_cells_in_their_own_processes_run_side_by_side_record_their_peak_memory_
 def test_jobs_need_a_process_per_cell() -> None:
     with pytest.raises(ConfigError, match="--jobs 2 runs each cell in its own process: leave out --in-process"):
         bench.run_cells(suite_cells(load_suite(SMOKE), datasets=["digits"]), Path("unused"), in_process=True, jobs=2)
+
+
+def test_jobs_over_the_cores_this_process_may_use_get_a_note(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The note counts the cores the process may use (its affinity: a container or taskset can give it fewer than
+    the machine has), not the machine's."""
+    cells = suite_cells(load_suite(SMOKE), datasets=["fl60"], methods=["fedavg"], seeds=1)
+    cells = [replace(cell, config=cell.config.model_copy(update={"torch_threads": 1})) for cell in cells]
+    for cores, noted in ((1, True), (2, False)):
+        monkeypatch.setattr(bench, "usable_cores", lambda cores=cores: cores)
+        monkeypatch.setattr(bench, "_reuse_or_plan", lambda *args: (RunResult.model_construct(), None))
+        lines: list[str] = []
+        bench.run_cells(cells, tmp_path, jobs=2, echo=lines.append)
+        notes = [line for line in lines if line.startswith("note:")]
+        assert bool(notes) == noted, lines
+        if noted:
+            assert "2 jobs x 1 torch threads is more than the 1 CPU cores this process may use" in notes[0]
 
 
 def test_relative_data_dir_is_relative_to_the_suite_file(tmp_path: Path) -> None:

@@ -291,10 +291,11 @@ def run_cells(cells: list[Cell], out: Path, in_process: bool = False, data_dir: 
     if jobs > 1 and in_process:
         raise ConfigError(f"--jobs {jobs} runs each cell in its own process: leave out --in-process")
     if jobs > 1:
-        threads = max((cell.config.torch_threads or os.cpu_count() or 1 for cell in cells), default=1)
-        if jobs * threads > (os.cpu_count() or 1):
-            echo(f"note: {jobs} jobs x {threads} torch threads is more than this machine's {os.cpu_count()} CPU "
-                 "cores: the cells will slow each other down (the numbers do not change)")
+        cores = usable_cores()  # what this process may use, which a container or taskset can make fewer
+        threads = max((cell.config.torch_threads or cores for cell in cells), default=1)
+        if jobs * threads > cores:
+            echo(f"note: {jobs} jobs x {threads} torch threads is more than the {cores} CPU cores this process may "
+                 "use: the cells will slow each other down (the numbers do not change)")
     summaries: list[RunResult | None] = [None] * len(cells)
     labels = [f"[{index + 1}/{len(cells)}] {cell.dataset} {cell.method} seed {cell.config.seed}"
               for index, cell in enumerate(cells)]
