@@ -15,6 +15,7 @@ against the same runs alone, field for field (timings aside). The pack decides f
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 from pathlib import Path
@@ -90,10 +91,13 @@ def measure(method: str, base: list[str], rounds: int, seeds: int, threads: int 
 
     # the two sides alternate which goes first and each keeps its best time: a drift of the machine (another
     # process, the clock) then lands on both sides rather than on whichever ran second
+    # (a collection before each side: the garbage the other side left is not timed here)
     sequential, together, client_share, equal = float("inf"), float("inf"), 0.0, True
+    each: dict[str, list[float]] = {"sequential": [], "packed": []}
     for repeat in range(repeats):
         sides = ["sequential", "packed"] if repeat % 2 == 0 else ["packed", "sequential"]
         for side in sides:
+            gc.collect()
             if side == "sequential":
                 seconds, in_clients, alone = one_after_another()
                 if seconds < sequential:
@@ -101,13 +105,14 @@ def measure(method: str, base: list[str], rounds: int, seeds: int, threads: int 
             else:
                 seconds, packed = as_one_pack()
                 together = min(together, seconds)
+            each[side].append(round(seconds, 2))
         equal = equal and all(comparable(a) == comparable(b) for a, b in zip(alone, packed, strict=True))
     return {"seeds": seeds, "rounds": rounds, "repeats": repeats, "sequential_seconds": round(sequential, 2),
             "packed_seconds": round(together, 2), "speedup": round(sequential / together, 2),
             # the rest of a run alone (server update, sampling, bookkeeping) stays per run in a pack: it bounds the
             # speed-up at 1 / (1 - client_share)
             "client_share_alone": round(client_share, 3),
-            "pack": packed[0].execution["pack"], "equal_to_alone": equal}
+            "pack": packed[0].execution["pack"], "equal_to_alone": equal, "seconds_each_repeat": each}
 
 
 def main() -> None:
