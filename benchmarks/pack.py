@@ -89,9 +89,8 @@ def measure(method: str, base: list[str], rounds: int, seeds: int, threads: int 
         packed = Pack(configs).run()
         return time.perf_counter() - begin, packed
 
-    # the two sides alternate which goes first and each keeps its best time: a drift of the machine (another
-    # process, the clock) then lands on both sides rather than on whichever ran second
-    # (a collection before each side: the garbage the other side left is not timed here)
+    # the two sides alternate which goes first, each after a collection, and each keeps its best time: a drift of
+    # the machine, or the garbage the other side left, then lands on both sides rather than on whichever ran second
     sequential, together, client_share, equal = float("inf"), float("inf"), 0.0, True
     each: dict[str, list[float]] = {"sequential": [], "packed": []}
     for repeat in range(repeats):
