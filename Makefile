@@ -23,14 +23,17 @@ demo: $(STAMP)
 	$(BIN)/graphfed compare configs/demo_fl60.yaml --methods panacea,pfedhn,fedavg --seeds 1 --out runs/demo
 
 # The installed-wheel check (tools/check_wheel.py: fresh venvs at the newest and lowest versions the bounds allow,
-# mostly network and disk) runs beside the tests, which take both cores (pytest-xdist).
+# mostly network and disk) runs beside the tests, which take both cores (pytest-xdist). The tests marked kernel_paths
+# (what must hold on every CPU's kernels: two computations of one value, the portable golden runs) run again with MKL
+# held to its AVX2 path, the one AMD CPUs take: a bit-for-bit claim that holds only on this CPU's kernels fails here.
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks tools docs
 	$(BIN)/lint-imports
 	$(BIN)/python tools/check_wheel.py > $(VENV)/wheel-check.log 2>&1 & wheel=$$!; \
 	$(BIN)/python -m pytest -n 2; tests=$$?; \
+	MKL_ENABLE_INSTRUCTIONS=AVX2 $(BIN)/python -m pytest -n 2 -m kernel_paths; capped=$$?; \
 	wait $$wheel; checked=$$?; cat $(VENV)/wheel-check.log; \
-	[ $$tests -eq 0 ] && [ $$checked -eq 0 ]
+	[ $$tests -eq 0 ] && [ $$capped -eq 0 ] && [ $$checked -eq 0 ]
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks tools docs

@@ -54,6 +54,12 @@ TINY_METHOD_OPTIONS: dict[str, str] = {
 ConfigFactory = Callable[..., RunConfig]
 
 
+def on_kernel_paths(values: list[str], chosen: set[str] | tuple[str, ...]) -> list[Any]:
+    """``values`` as test parameters, those in ``chosen`` marked ``kernel_paths``: ``make test`` re-runs them with
+    MKL held to its AVX2 path, where a claim that holds only on this CPU's kernels fails."""
+    return [pytest.param(value, marks=pytest.mark.kernel_paths) if value in chosen else value for value in values]
+
+
 def single_architecture_methods() -> list[str]:
     """Registered methods that run on one architecture (FLHA-GHN and FLHA-distillation federate the clients' own
     architectures and need ``model.architectures``: ``tests/test_flha_ghn.py`` covers them)."""

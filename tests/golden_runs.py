@@ -3,17 +3,30 @@
 ``python tests/golden_runs.py write`` records them in ``tests/data/golden_runs.json`` (run it on the commit whose
 numbers are the reference); ``tests/test_golden_runs.py`` re-runs them and compares.
 
-Each method holds a list of *outcomes*, one per CPU code path seen. The convolution models' runs (cnn-bn, resnet-like)
-go through oneDNN and ATen kernels chosen by the CPU's instruction set, whose last bits differ, and a 4-round run on a
-few hundred images amplifies them: on one Xeon, FLHA-GHN's test mean is 0.352 with AVX-512, 0.372 with ATen held to
-AVX2 and 0.449 with oneDNN held to AVX2 too, all from the same code. ``python tests/golden_runs.py add [METHOD...]``
-records this machine's outcome beside the others (only for a new CPU, never to hide a change); ``write`` starts the
-file afresh (for a change meant to move numbers, said so in its commit).
+The runs go through kernels that MKL, oneDNN and ATen choose by the CPU's instruction set, whose last bits differ,
+and a 4-round run on a few hundred images amplifies them: on one Xeon, FLHA-GHN's test mean is 0.352 with AVX-512,
+0.431 with MKL held to its AVX2 path (the one AMD CPUs take) and 0.449 with oneDNN held to AVX2 too, all from the
+same code. So each run is computed in a subprocess on **portable kernels** (:data:`PORTABLE_KERNELS`), whose
+numbers do not depend on which x86-64 CPU runs them:
+
+* MKL in Conditional Numerical Reproducibility mode ``COMPATIBLE``: Intel documents the same results on every Intel
+  and compatible x86-64 processor at a fixed thread count (the runs use one thread);
+* ATen's ``default`` kernels: one compiled code path, not the one vectorised for this CPU;
+* oneDNN off (``torch.backends.mkldnn.enabled = False``): its just-in-time kernels are picked per instruction set
+  and cache size; convolutions then run ATen's own (im2col and MKL's product).
+
+On one Sapphire Rapids Xeon every method's numbers are the same with MKL held to AVX2, oneDNN held to AVX2 and
+glibc's FMA variants off (``make test`` re-runs the convolutional ones under MKL's AVX2 path). Each method holds a
+list of *outcomes*, one per architecture (x86-64 here; an aarch64 machine has no MKL and records its own with
+``python tests/golden_runs.py add [METHOD...]``, never to hide a change); ``write`` starts the file afresh (for a
+change meant to move numbers, said so in its commit).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,6 +54,8 @@ SPECIAL: dict[str, dict[str, Any]] = {
                      "model": {"name": "resnet-like", "options": {"width": 4}, "architectures": ["arch0", "arch1"]},
                      "dataset": IMAGES},
 }
+#: the environment of a golden run's subprocess (see the module's docstring; oneDNN is switched off inside it)
+PORTABLE_KERNELS = {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default"}
 KEYS = ("test_mean", "val_mean", "test_std", "best_round", "final_test_mean", "novel_mean", "novel_adapted_mean",
         "bytes_up", "bytes_down", "num_params")
 
@@ -61,12 +76,26 @@ def config_of(method: str) -> dict[str, Any]:
 
 
 def numbers(method: str) -> dict[str, Any]:
+    """``method``'s golden run on portable kernels, in a subprocess (MKL and ATen read their settings when they
+    load, before this process could change them)."""
+    done = subprocess.run([sys.executable, __file__, "numbers", method], env={**os.environ, **PORTABLE_KERNELS},
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the golden run of {method} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def numbers_here(method: str) -> dict[str, Any]:
+    """``method``'s golden run in this process, which must have been started with :data:`PORTABLE_KERNELS`."""
+    import torch
+
+    assert all(os.environ.get(name) == value for name, value in PORTABLE_KERNELS.items()), "not on portable kernels"
+    torch.backends.mkldnn.enabled = False
     from graphfed.config import validate_config
     from graphfed.sim.engine import run_config
 
     result = run_config(validate_config(config_of(method)), None, progress=False)
-    read = (lambda key: getattr(result, key)) if not isinstance(result, dict) else result.get
-    return {key: read(key) for key in KEYS}
+    return {key: getattr(result, key) for key in KEYS}
 
 
 def methods() -> list[str]:
@@ -76,7 +105,7 @@ def methods() -> list[str]:
 
 
 def cpu_path() -> str:
-    """Which CPU code path produced an outcome (a label for people; outcomes are matched by their numbers)."""
+    """Which machine recorded an outcome (a label for people; outcomes are matched by their numbers)."""
     import platform
 
     import torch
@@ -84,7 +113,7 @@ def cpu_path() -> str:
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else \
         platform.processor()
-    return f"{model}, ATen {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
+    return f"{platform.machine()} portable kernels, recorded on {model}, torch {torch.__version__}"
 
 
 def matches(got: dict[str, Any], outcome: dict[str, Any]) -> bool:
@@ -101,7 +130,9 @@ def matches(got: dict[str, Any], outcome: dict[str, Any]) -> bool:
     return True
 
 
-if __name__ == "__main__" and sys.argv[1:2] in (["write"], ["add"]):
+if __name__ == "__main__" and sys.argv[1:2] == ["numbers"]:
+    print(json.dumps(numbers_here(sys.argv[2])))
+elif __name__ == "__main__" and sys.argv[1:2] in (["write"], ["add"]):
     import time
 
     fresh = sys.argv[1] == "write"

@@ -382,8 +382,32 @@ def test_cpu_kernels_name_the_vendor_vector_level_and_the_extensions_kernels_bra
     assert cpu_kernels("") and "+" not in cpu_kernels("")  # no cpuinfo (not Linux): architecture and torch's level
 
 
-def test_the_report_counts_runs_by_cpu_kernels_and_says_other_kernels_round_otherwise() -> None:
+def test_cpu_kernels_name_a_kernel_path_cap_and_onednn_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run whose MKL was held to its AVX2 path (the one AMD CPUs take) or whose oneDNN was off ran other kernels
+    than the CPU's own: its name says so, and an uncapped run's name is what it was."""
+    import torch
+
     from graphfed.provenance import cpu_kernels
+
+    sapphire = "vendor_id\t: GenuineIntel\nflags\t\t: fpu sse2 avx2 fma avx512f\n"
+    for name in ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    cpu_kernels.cache_clear()
+    plain = cpu_kernels(sapphire)
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX2")
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
+    cpu_kernels.cache_clear()
+    try:
+        assert cpu_kernels(sapphire) == f"{plain} MKL_ENABLE_INSTRUCTIONS=AVX2 oneDNN off"
+    finally:
+        cpu_kernels.cache_clear()
+
+
+def test_the_report_counts_runs_by_cpu_kernels_and_says_other_kernels_round_otherwise(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """... and on which kernels the vouch of today's engine compared its runs, when one recorded it."""
+    from graphfed.provenance import cpu_kernels
+    from graphfed.report import suite
     from graphfed.report.suite import kernels_sentence
     from graphfed.runs import RunResult
 
@@ -391,10 +415,16 @@ def test_the_report_counts_runs_by_cpu_kernels_and_says_other_kernels_round_othe
         return RunResult(status="completed", method="fedavg", dataset="fln", metric="accuracy",
                          code={} if cpu is None else {"cpu": cpu})
 
-    sentence = kernels_sentence([run(cpu_kernels()), run(cpu_kernels()), run("x86_64 AuthenticAMD AVX2 avx2+fma"),
-                                 run(None)])
+    runs = [run(cpu_kernels()), run(cpu_kernels()), run("x86_64 AuthenticAMD AVX2 avx2+fma"), run(None)]
+    monkeypatch.setattr(suite, "vouches_checked_on", lambda: [])
+    sentence = kernels_sentence(runs)
     assert "this machine: 2; x86_64 AuthenticAMD AVX2 avx2+fma: 1; not recorded: 1." in sentence
-    assert "agree to float rounding" in sentence
+    assert "agree to float rounding" in sentence and "vouch" not in sentence
+    monkeypatch.setattr(suite, "vouches_checked_on", lambda: ["x86_64 GenuineIntel AVX512", "x86_64 GenuineIntel "
+                                                               "AVX512 MKL_ENABLE_INSTRUCTIONS=AVX2"])
+    assert kernels_sentence(runs) == sentence + (
+        " The vouch that relates earlier engines to today's compared their runs on: x86_64 GenuineIntel AVX512; "
+        "x86_64 GenuineIntel AVX512 MKL_ENABLE_INSTRUCTIONS=AVX2.")
 
 
 def test_plan_counts_current_stale_and_missing_runs_and_their_time_without_running(tmp_path: Path) -> None:

@@ -7,7 +7,13 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import TINY_METHOD_DATA, TINY_METHOD_OPTIONS, single_architecture_methods, without_wall_time
+from conftest import (
+    TINY_METHOD_DATA,
+    TINY_METHOD_OPTIONS,
+    on_kernel_paths,
+    single_architecture_methods,
+    without_wall_time,
+)
 from graphfed.config import RunConfig, dump_config, load_config
 from graphfed.flower import protocol
 from graphfed.flower.app import client_app, run_on_grid
@@ -46,11 +52,13 @@ def comparable(summary: RunResult) -> dict[str, Any]:
     return {k: v for k, v in without_wall_time(summary).items() if k not in (*FLOWER_FIELDS, "models_note")}
 
 
-@pytest.mark.parametrize("method", [*single_architecture_methods(), "pfedgat-loss-only"])
+@pytest.mark.parametrize("method", on_kernel_paths([*single_architecture_methods(), "pfedgat-loss-only"], ("fedavg",)))
 def test_flower_engine_gives_the_simulators_numbers(method: str) -> None:
     """3 rounds on FL-N with 6 clients: every metric of the summary equals the simulator's, exactly, for every
     registered method (pFedGAT's validation feedback travels in the reply too; client-rule state such as
-    Ditto's personal model or FedRep's head lives in each node's context.state)."""
+    Ditto's personal model or FedRep's head lives in each node's context.state). A node trains its client alone
+    where the simulator batches it with others: each client is its own problem of a batched product, computed by
+    the same kernel whatever the batch count (FedAvg's case is re-run under MKL's AVX2 path: ``kernel_paths``)."""
     config = flower_config(method)
     simulated = run_config(config, progress=False)
     grid = grid_for(config)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from conftest import ConfigFactory
+from conftest import ConfigFactory, on_kernel_paths
 from golden_runs import config_of
 from graphfed.config import validate_config
 from graphfed.errors import ConfigError
@@ -30,7 +30,7 @@ def seeds_of(make_config: ConfigFactory, method: str, *overrides: str) -> list[A
     return [make_config(method, "train.rounds=4", "train.eval_every=2", f"seed={seed}", *overrides) for seed in SEEDS]
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", on_kernel_paths(sorted(METHODS), ("fedavg",)))
 def test_every_method_in_a_pack_of_three_seeds_gives_each_run_its_own_numbers(method: str,
                                                                                make_config: ConfigFactory) -> None:
     """Every summary field but timings equals the run alone, bit for bit (each client draws from its own run's

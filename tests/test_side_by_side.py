@@ -41,28 +41,32 @@ def _clients(model_name: str) -> tuple[TargetModel, ParamSpec, ClientSplit, torc
     return model, spec, ClientSplit.from_lists(xs, ys, "classification"), start
 
 
-def _recording_threads(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> list[str]:
-    """Names of the threads ``module.name`` runs on, from now on."""
+def _recording_threads(monkeypatch: pytest.MonkeyPatch, module: object, name: str,
+                       intra_op: list[int] | None = None) -> list[str]:
+    """Names of the threads ``module.name`` runs on, from now on (and into ``intra_op``, torch's intra-op thread
+    count on each)."""
     ran_on: list[str] = []
     original = getattr(module, name)
 
     def recording(*args: object, **kwargs: object) -> object:
         ran_on.append(threading.current_thread().name)
+        if intra_op is not None:
+            intra_op.append(torch.get_num_threads())
         return original(*args, **kwargs)
 
     monkeypatch.setattr(module, name, recording)
     return ran_on
 
 
+@pytest.mark.kernel_paths
 @pytest.mark.parametrize("model_name", ["cnn-bn", "resnet-like"])
 def test_clients_trained_side_by_side_get_one_after_anothers_bits(
         model_name: str, monkeypatch: pytest.MonkeyPatch, threads: None) -> None:
     model, spec, data, start = _clients(model_name)
     rule = plain_sgd(spec, "classification", LocalTraining(steps=3, batch_size=16, lr=0.1))
     seeds = [3, 4, 5, 6, 7]
-    torch.set_num_threads(2)
-    on_two_threads = training.train_clients(model, spec, start, data, rule, seeds)
-    ran_on = _recording_threads(monkeypatch, training, "train_one_module")
+    intra_op: list[int] = []
+    ran_on = _recording_threads(monkeypatch, training, "train_one_module", intra_op)
     torch.set_num_threads(1)
     monkeypatch.setenv(side_by_side.WORKERS_VARIABLE, "1")
     alone = training.train_clients(model, spec, start, data, rule, seeds)
@@ -75,8 +79,9 @@ def test_clients_trained_side_by_side_get_one_after_anothers_bits(
     for key in ("loss_first", "loss_last", "num_examples"):
         assert torch.equal(alone.metrics[key], together.metrics[key]), key
     assert not torch.equal(alone.trained, start)
-    # what makes the comparison above worth something: a worker on two intra-op threads would have other bits
-    assert not torch.equal(on_two_threads.trained, alone.trained)
+    # what makes the comparison above a comparison of the same kernels: every client, on the calling thread or a
+    # worker, ran on one intra-op thread (a convolution sums in a thread-count-dependent order)
+    assert intra_op == [1] * 10
 
 
 def test_more_intra_op_threads_keep_every_client_on_the_calling_thread(
@@ -95,6 +100,7 @@ def test_more_intra_op_threads_keep_every_client_on_the_calling_thread(
     assert ran_on == [threading.current_thread().name] * 5
 
 
+@pytest.mark.kernel_paths
 @pytest.mark.parametrize("model_name", ["cnn-bn", "resnet-like"])
 def test_clients_scored_side_by_side_get_one_after_anothers_bits(
         model_name: str, monkeypatch: pytest.MonkeyPatch, threads: None) -> None:

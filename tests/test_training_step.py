@@ -1,7 +1,9 @@
-"""The client step's fast paths give the bits the plain expressions give: the batched linear layer's hand-written
-backward against autograd's rule for ``baddbmm``, the SGD update written into the gradient's memory against
-``value - lr * grad``, a BatchNorm network's one-client path against its module, and a client trained as a module
-against the functional path."""
+"""The client step's fast paths give the numbers the plain expressions give: the batched linear layer's hand-written
+backward against autograd's rule for ``baddbmm`` (up to summation order where the two are different BLAS calls:
+``tests/rounding.py``), and bit for bit where both sides run the same kernels on the same data: the SGD update
+written into the gradient's memory against ``value - lr * grad`` (the same two IEEE roundings), a BatchNorm
+network's one-client path against its module, and a client trained as a module against the functional path.
+``make test`` runs them again under MKL's AVX2 path, the one AMD CPUs take (``kernel_paths``)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ from graphfed.core.params import ParamSpec
 from graphfed.data.federation import ClientSplit
 from graphfed.models import build_model
 from graphfed.models.base import CONTIGUOUS_GRADIENT_MIN_WEIGHTS, _BatchedLinear, batched_linear
+from rounding import assert_equal_up_to_summation_order
+
+pytestmark = pytest.mark.kernel_paths  # every test here compares two computations of one value
 
 
 def _linear_inputs(seed: int, clients: int = 3, rows: int = 10, features: int = 40, outputs: int = 7):
@@ -28,25 +33,33 @@ def _linear_inputs(seed: int, clients: int = 3, rows: int = 10, features: int = 
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_batched_linear_gradients_are_autograds_bits_in_the_weights_layout(seed: int) -> None:
-    """Forward and every gradient equal baddbmm's own, bit for bit, and the weight's gradient is contiguous (what
-    the SGD step then reads without a transposed walk)."""
+def test_batched_linear_gradients_are_autograds_in_the_weights_layout(seed: int) -> None:
+    """The forward, the input's and the bias's gradients are baddbmm's own bits (the same kernel calls on the same
+    operands); the weight's gradient ``grad^T @ h`` is autograd's ``(h^T @ grad)^T``, the same sums over the batch
+    rows in the order the BLAS picks for each layout: equal up to summation order (MKL's AVX-512 path gives the same
+    bits, its AVX2 path, which AMD CPUs run, does not). It comes out contiguous, what the SGD step then reads without
+    a transposed walk."""
     h, weight, bias, upstream = _linear_inputs(seed)
     leaves = [t.clone().requires_grad_() for t in (h, weight, bias)]
     ours = _BatchedLinear.apply(*leaves)
-    ours_grads = torch.autograd.grad(ours, leaves, upstream)
+    grad_h, grad_weight, grad_bias = torch.autograd.grad(ours, leaves, upstream)
     plain = [t.clone().requires_grad_() for t in (h, weight, bias)]
     reference = torch.baddbmm(plain[2].unsqueeze(1), plain[0], plain[1].transpose(1, 2))
-    reference_grads = torch.autograd.grad(reference, plain, upstream)
+    reference_h, reference_weight, reference_bias = torch.autograd.grad(reference, plain, upstream)
     assert torch.equal(ours, reference)
-    for mine, theirs in zip(ours_grads, reference_grads, strict=True):
-        assert torch.equal(mine, theirs)
-    assert ours_grads[1].is_contiguous() and not reference_grads[1].is_contiguous()
+    assert torch.equal(grad_h, reference_h) and torch.equal(grad_bias, reference_bias)
+    magnitude = torch.bmm(upstream.double().abs().transpose(1, 2), h.double().abs())  # sum_b |grad_bo h_bf|
+    assert_equal_up_to_summation_order(grad_weight, reference_weight, magnitude, terms=h.shape[1])
+    assert grad_weight.is_contiguous() and not reference_weight.is_contiguous()
 
 
 def test_batched_linear_supports_second_derivatives_and_vmap() -> None:
-    """Rules that differentiate through a step (create_graph) and transforms that vmap a client get the same
-    numbers as through baddbmm."""
+    """Rules that differentiate through a step (create_graph) get baddbmm's second derivatives up to summation
+    order, and a transform that vmaps a client gets the batched call's bits (vmap's rule calls the same kernel).
+
+    The Hessian-vector product of ``sum g^2`` (``g`` the weight's gradient of a squared error) chains four sums:
+    the residual over the ``F`` features, ``g`` over the ``B`` rows, ``h^T h`` over the rows and the product over
+    the features; each side's rounding is bounded by the chain's total terms times its magnitude."""
     h, weight, bias, upstream = _linear_inputs(5)
     w1, w2 = weight.clone().requires_grad_(), weight.clone().requires_grad_()
     (g1,) = torch.autograd.grad((_BatchedLinear.apply(h, w1, bias) - upstream).square().sum(), w1, create_graph=True)
@@ -54,7 +67,12 @@ def test_batched_linear_supports_second_derivatives_and_vmap() -> None:
                                 w2, create_graph=True)
     (hessian_ours,) = torch.autograd.grad(g1.square().sum(), w1)
     (hessian_plain,) = torch.autograd.grad(g2.square().sum(), w2)
-    torch.testing.assert_close(hessian_ours, hessian_plain, rtol=0, atol=0)
+    rows, features = h.shape[1], h.shape[2]
+    absolute = [t.double().abs() for t in (h, weight, bias, upstream)]
+    residual = torch.baddbmm(absolute[2].unsqueeze(1) + absolute[3], absolute[0], absolute[1].transpose(1, 2))
+    gradient = 2 * torch.bmm(residual.transpose(1, 2), absolute[0])  # |g| bound, [S, O, F]
+    magnitude = 4 * torch.bmm(gradient, torch.bmm(absolute[0].transpose(1, 2), absolute[0]))  # H = 4 g (h^T h)
+    assert_equal_up_to_summation_order(hessian_ours, hessian_plain, magnitude, terms=2 * (rows + features) + 2)
     mapped = vmap(lambda x, w, b: _BatchedLinear.apply(x.unsqueeze(0), w.unsqueeze(0), b.unsqueeze(0))[0])(h, weight,
                                                                                                           bias)
     assert torch.equal(mapped, _BatchedLinear.apply(h, weight, bias))

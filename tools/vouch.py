@@ -13,6 +13,12 @@ do not decide). When every run agrees it writes ``src/graphfed/behaviour.json``:
   with its behaviour and the hash of each of its run-specific modules, and the scope the suite covered
   (``--no-privacy``: the private runs were left out, so legacy private runs stay stale).
 
+Both revisions run the suite once per kernel path of :data:`KERNEL_PATHS`: the CPU's own kernels and MKL held to its
+AVX2 path (the one AMD CPUs take). An edit that swaps one computation for another of the same value (a product for
+its transposed form) can give the same bits on one path and not on another, so the vouch compares both and records
+under ``checked_on`` (today's engine hash -> REV and each path's :func:`~graphfed.provenance.cpu_kernels`) where its
+promise was seen to hold; on other kernels it promises what the two paths show, not more.
+
 When a run differs, nothing is written and the differences are printed (exit 1).
 
     python tools/vouch.py 03b09b4e --no-privacy     # then commit src/graphfed/behaviour.json
@@ -33,9 +39,19 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from graphfed import provenance  # noqa: E402
 
+#: the kernel paths both revisions are compared on (name -> environment): this CPU's own, and MKL's AVX2 path
+KERNEL_PATHS: dict[str, dict[str, str]] = {"own": {}, "mkl-avx2": {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
 
-def run_suite(source: Path, out: Path, no_privacy: bool) -> None:
-    env = {**os.environ, "PYTHONPATH": str(source)}
+
+def kernels_of(path: dict[str, str]) -> str:
+    """:func:`~graphfed.provenance.cpu_kernels` as a process started with ``path`` names its kernels."""
+    code = "from graphfed.provenance import cpu_kernels; print(cpu_kernels())"
+    return subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **path},
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def run_suite(source: Path, out: Path, no_privacy: bool, path: dict[str, str]) -> None:
+    env = {**os.environ, "PYTHONPATH": str(source), **path}
     command = [sys.executable, str(ROOT / "tools" / "vouch_suite.py"), "--out", str(out),
                *(["--no-privacy"] if no_privacy else [])]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
@@ -74,17 +90,24 @@ def main() -> int:
     parser.add_argument("revision")
     parser.add_argument("--no-privacy", action="store_true", help="leave the private runs out (REV predates them)")
     args = parser.parse_args()
+    revision_id = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=8", args.revision], capture_output=True,
+                                 text=True, check=True).stdout.strip()
     with tempfile.TemporaryDirectory() as scratch:
         tree = Path(scratch) / "tree"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(tree), args.revision],
                        check=True)
         try:
             old_root = tree / "src" / "graphfed"
-            run_suite(tree / "src", Path(scratch) / "old.json", args.no_privacy)
-            run_suite(ROOT / "src", Path(scratch) / "new.json", args.no_privacy)
-            old = json.loads((Path(scratch) / "old.json").read_text())
-            new = json.loads((Path(scratch) / "new.json").read_text())
-            differ, unshared = differences(old, new)
+            differ, unshared, compared = [], [], 0
+            for name, path in KERNEL_PATHS.items():
+                run_suite(tree / "src", Path(scratch) / f"old-{name}.json", args.no_privacy, path)
+                run_suite(ROOT / "src", Path(scratch) / f"new-{name}.json", args.no_privacy, path)
+                old = json.loads((Path(scratch) / f"old-{name}.json").read_text())
+                new = json.loads((Path(scratch) / f"new-{name}.json").read_text())
+                on_path = differences(old, new)
+                differ += [f"[{name}] {line}" for line in on_path[0]]
+                unshared += on_path[1]
+                compared += len(old)
             old_table = old_root / "behaviour.json"
             old_engine = provenance.engine_hash(old_root)
             old_vouches = json.loads(old_table.read_text()) if old_table.is_file() else {}
@@ -95,7 +118,8 @@ def main() -> int:
             modules = provenance.specific_hashes(old_root)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
-    print(f"{len(old)} runs compared; fields only one side records: {len(unshared)} "
+    print(f"{compared} runs compared on {len(KERNEL_PATHS)} kernel paths ({', '.join(KERNEL_PATHS)}); fields only one "
+          f"side records: {len(set(unshared))} "
           f"({', '.join(sorted({name.split('.', 1)[1] for name in unshared})) or 'none'})")
     if differ:
         print("the engine does not behave as at " + args.revision + ":\n  " + "\n  ".join(differ[:40]))
@@ -117,6 +141,8 @@ def main() -> int:
     if not records_modules:  # REV's runs recorded one code id over all its sources: say what it stands for
         legacy[legacy_id] = {"revision": args.revision, "behaviour": joined, "modules": modules,
                              "scope": {"privacy": not args.no_privacy}}
+    table.setdefault("checked_on", {})[provenance.engine_hash()] = {
+        "revision": revision_id, "kernels": sorted(kernels_of(path) for path in KERNEL_PATHS.values())}
     provenance.BEHAVIOUR.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
     print(f"vouched: today's engine behaves as {args.revision}'s (behaviour {joined})"
           + ("" if records_modules else f"; its code id {legacy_id} is recorded with its {len(modules)} module hashes")

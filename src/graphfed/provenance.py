@@ -132,7 +132,14 @@ def _behaviour_table() -> dict[str, Any]:
         table = json.loads(BEHAVIOUR.read_text())
     except (OSError, ValueError):
         table = {}
-    return {part: dict(table.get(part, {})) for part in ("engines", "legacy", "modules")}
+    return {part: dict(table.get(part, {})) for part in ("engines", "legacy", "modules", "checked_on")}
+
+
+def vouches_checked_on() -> list[str]:
+    """The CPU kernel families (:func:`cpu_kernels`) on which the vouch of today's engine compared its runs with
+    its predecessor's (``tools/vouch.py`` runs its suite on the CPU's own kernels and MKL's AVX2 path): the promise
+    that runs of the predecessor are runs of today's engine holds there; empty when no vouch recorded it."""
+    return sorted(_behaviour_table()["checked_on"].get(engine_hash(), {}).get("kernels", []))
 
 
 @cache
@@ -168,16 +175,21 @@ def _git(*args: str) -> str | None:
 
 #: instruction-set extensions whose presence changes which fp32 kernels MKL, oneDNN and ATen run
 KERNEL_EXTENSIONS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "sve", "asimd")
+#: environment variables that hold MKL or oneDNN to another kernel path than the CPU's own (ATen's cap,
+#: ``ATEN_CPU_CAPABILITY``, shows in torch's level): MKL's AVX2 path is the one AMD CPUs take
+KERNEL_CAPS = ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 
 
 @cache
 def cpu_kernels(cpuinfo: str | None = None) -> str:
     """The CPU as far as it decides float rounding: the architecture, the vendor (MKL and oneDNN pick their paths by
-    it), torch's vectorisation level and the extensions of :data:`KERNEL_EXTENSIONS` present (``cpuinfo``: the text
-    of ``/proc/cpuinfo``, read when None). The same code, config, torch and thread count give the same numbers bit
-    for bit on one machine; another CPU may run other kernels, whose numbers agree to float rounding only, and a
-    value that feeds rounding back (a novel client's adaptation) can move further (docs/explanation/evaluation.md).
+    it), torch's vectorisation level, the extensions of :data:`KERNEL_EXTENSIONS` present (``cpuinfo``: the text
+    of ``/proc/cpuinfo``, read when None), the :data:`KERNEL_CAPS` set, and ``oneDNN off`` when torch's oneDNN
+    backend is disabled. The same code, config, torch and thread count give the same numbers bit for bit on one
+    machine; another CPU may run other kernels, whose numbers agree to float rounding only, and a value that feeds
+    rounding back (a novel client's adaptation) can move further (docs/explanation/evaluation.md).
     """
+    import os
     import platform
 
     import torch
@@ -191,7 +203,9 @@ def cpu_kernels(cpuinfo: str | None = None) -> str:
     fields = {key.strip(): value.strip() for key, value in fields.items()}
     flags = set((fields.get("flags") or fields.get("Features") or "").split())
     extensions = "+".join(name for name in KERNEL_EXTENSIONS if name in flags)
-    parts = [platform.machine(), fields.get("vendor_id", ""), torch.backends.cpu.get_cpu_capability(), extensions]
+    parts = [platform.machine(), fields.get("vendor_id", ""), torch.backends.cpu.get_cpu_capability(), extensions,
+             *(f"{name}={os.environ[name]}" for name in KERNEL_CAPS if os.environ.get(name)),
+             "" if torch.backends.mkldnn.enabled else "oneDNN off"]
     return " ".join(part for part in parts if part)
 
 
@@ -247,4 +261,5 @@ def stale_reason(recorded: Any, roots: Iterable[str], private: bool = False) -> 
 
 
 __all__ = ["RENDERING_ONLY", "SPECIFIC", "UNRECORDED", "behaviour", "code_provenance", "engine_hash",
-           "is_specific", "module_closure", "run_code", "source_hash", "specific_hashes", "stale_reason"]
+           "is_specific", "module_closure", "run_code", "source_hash", "specific_hashes", "stale_reason",
+           "vouches_checked_on"]

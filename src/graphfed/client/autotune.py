@@ -17,7 +17,8 @@ sources), so a machine keeps its choice and the same config gives the same numbe
 taken under load (or with a wide spread) is used once and not cached. Chunking changes nothing but float rounding
 (clients are independent; ``tests/test_autotune.py`` checks every model). The run's ``summary.json`` records the
 choice and how sure it was (``execution``), and ``train.clients_per_chunk`` pins it, e.g. to reproduce a run from
-another machine bit for bit. ``train.autotune: false`` keeps each model's declared chunk size without measuring.
+another machine bit for bit (on the same CPU kernels: ``code.cpu``). ``train.autotune: false`` keeps each model's
+declared chunk size without measuring.
 """
 
 from __future__ import annotations

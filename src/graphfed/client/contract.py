@@ -166,7 +166,7 @@ class LocalStep:
 
 #: gradient values (a tensor's, over all clients of a step) from which :meth:`LocalStep.descend` updates in place:
 #: below, a fresh tensor is cheap (no page faults) and the bookkeeping of :func:`sgd_update` is not (a 16-unit MLP's
-#: step paid 80 us for it). Both give the same bits.
+#: step paid 80 us for it). Both give the same bits on every CPU: the same two IEEE roundings, elementwise.
 IN_PLACE_MIN_VALUES = 1 << 15
 
 

@@ -119,8 +119,10 @@ class _BatchedLinear(torch.autograd.Function):
     Autograd's rule for ``baddbmm`` computes ``h^T @ grad`` (``[S, F, O]``) and hands it back transposed, so every
     SGD step on a large layer walked a transposed gradient (at LeNet 32/64/512 on the CPU, 3 ms per step for the
     1600 x 512 layer, 45 % of a client step: ``benchmarks/cpu_grid.py``). Here the weight gradient is
-    ``grad^T @ h`` (``[S, O, F]``), the same dot products over the batch rows, which gives the same bits on the CPU
-    (``tests/test_models.py`` checks it against autograd's rule). The backward is differentiable (create_graph)."""
+    ``grad^T @ h`` (``[S, O, F]``), the same dot products over the batch rows in the order the BLAS picks for this
+    layout: the same bits as autograd's rule under MKL's AVX-512 path (Intel Xeons), not under its AVX2 path (AMD
+    EPYC), where the two agree to float rounding (``tests/test_training_step.py`` checks both). The input's and the
+    bias's gradients are autograd's own kernel calls. The backward is differentiable (create_graph)."""
 
     generate_vmap_rule = True
 
@@ -144,7 +146,8 @@ class _BatchedLinear(torch.autograd.Function):
 
 #: weights (over all clients of a call) from which a linear layer's backward is :class:`_BatchedLinear`'s: below,
 #: autograd's own rule costs less than a custom Function's call (about 70 us in Python: ``apply`` binds its arguments
-#: through ``inspect.signature``), which made a 16-unit MLP's round 35 % slower. Both give the same bits.
+#: through ``inspect.signature``), which made a 16-unit MLP's round 35 % slower. Both give the same numbers up to
+#: summation order (the same bits on an AVX-512 Xeon's MKL path).
 CONTIGUOUS_GRADIENT_MIN_WEIGHTS = 1 << 17
 
 

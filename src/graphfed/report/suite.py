@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from graphfed import runs
-from graphfed.provenance import code_provenance, cpu_kernels
+from graphfed.provenance import code_provenance, cpu_kernels, vouches_checked_on
 from graphfed.report.plots import plot_comparison
 from graphfed.report.tables import compare_rows, format_value, metric_note, row_cells
 from graphfed.report.tables import headers as table_headers
@@ -383,9 +383,13 @@ def kernels_sentence(finished: list[RunResult]) -> str:
     kinds = Counter(str((run.code or {}).get("cpu") or "not recorded") for run in finished)
     here = cpu_kernels()
     listed = "; ".join(f"{'this machine' if kind == here else kind}: {count}" for kind, count in kinds.most_common())
+    checked = vouches_checked_on()
+    vouched = (f" The vouch that relates earlier engines to today's compared their runs on: {'; '.join(checked)}."
+               if checked else "")
     return (f"CPU kernels (summary.json `code.cpu`; runs before they were recorded say nothing): {listed}. Re-run "
             "on the same kernels, torch and thread count, a run gives its numbers bit for bit; on others they agree "
-            "to float rounding, and what feeds rounding back (a novel client's adaptation) can move further.")
+            "to float rounding, and what feeds rounding back (a novel client's adaptation) can move further."
+            + vouched)
 
 
 __all__ = ["NOT_RUN", "StaleOf", "claim_verdict", "claim_verdicts", "code_line", "current_code_id",
