@@ -20,6 +20,13 @@ evaluation every round, and injects its fault once round ``--fault-after`` has b
   refused by the run folder's writer lock: each round is trained once;
 * ``rerun_while_running``: no fault, but ``flwr run`` the same app a second time while its first ServerApp trains
   (an operator or a supervisor retrying): the second ServerApp is refused with one line, the first completes;
+* ``superlink_restarted_first_goes_on``: the SuperLink killed and restarted at once on its ``--database``; once the
+  first ServerApp has evaluated a round after the restart (it reconnected), ``flwr run`` again: the second
+  ServerApp is refused with one line while the first completes (``first_went_on`` says whether the first did
+  reconnect: if it ended with its SuperLink instead, the case was not reached and the record says so);
+* ``resume_after_end``: no fault; once the run completed, ``graphfed run CONFIG --out RESULTS --resume`` with the
+  run's own config and with a changed one (an operator's retry): each is refused with one line, ``graphfed status``
+  still says completed and every file of the results folder is byte for byte what it was;
 * ``sim_stragglers``: the simulator's model of slow clients (``train.stragglers: 0.25``, one round late);
 * ``nodes_20``: no fault, 20 SuperNodes, for the per-round cost of a larger federation on this machine, beside
   the same config on graphfed's simulator and on the in-process grid (Flower's messages, no processes).
@@ -60,7 +67,9 @@ from test_flower_processes import VENV_BIN, Deployment, Processes, free_ports, m
 
 RESULTS = ROOT / "benchmarks" / "results" / "faults.json"
 SCENARIOS = ("none", "node_killed", "node_restarted", "node_paused", "min_replies_stop", "serverapp_killed",
-             "superlink_restarted", "rerun_while_running", "sim_stragglers", "nodes_20")
+             "superlink_restarted", "rerun_while_running", "superlink_restarted_first_goes_on", "resume_after_end",
+             "sim_stragglers", "nodes_20")
+RESTARTS = ("superlink_restarted", "superlink_restarted_first_goes_on")
 #: ``graphfed status``'s exit code for each final state of a run (the table in the docs)
 STATUS_EXIT = {"completed": 0, "stopped": 3, "failed": 1}
 REFUSED = "another process is writing this run"
@@ -113,7 +122,7 @@ def serverapp_pids(dep: Deployment) -> list[int]:
 def scenario(name: str, workdir: Path, nodes: int, rounds: int, fault_after: int) -> dict[str, Any]:
     if name == "sim_stragglers":
         return simulated_stragglers(workdir, nodes, rounds)
-    dep = deploy(workdir, nodes, database=name == "superlink_restarted")
+    dep = deploy(workdir, nodes, database=name in RESTARTS)
     config_path = workdir / "run.yaml"
     extra = f", min_replies: {nodes}" if name == "min_replies_stop" else ""
     config_path.write_text(CONFIG.format(clients=nodes, rounds=rounds, flower_extra=extra))
@@ -131,11 +140,19 @@ def scenario(name: str, workdir: Path, nodes: int, rounds: int, fault_after: int
             record["fault_at_round"] = rounds_done(results)
             reruns.append(dep.procs.start("flwr-run-again", [str(VENV_BIN / "flwr"), "run", str(app), "dep",
                                                             "--stream"], dep.cli_env()))
-        elif name not in ("none", "nodes_20"):
+        elif name not in ("none", "nodes_20", "resume_after_end"):
             wait_until(lambda: rounds_done(results) >= fault_after or not run.alive(), RUN_TIMEOUT,
                        f"round {fault_after} evaluated")
             record["fault_at_round"] = rounds_done(results)
             inject(name, dep)
+            if name == "superlink_restarted_first_goes_on":
+                # the first ServerApp reconnected if it evaluates another round; then a second one must be refused
+                wait_until(lambda: rounds_done(results) > record["fault_at_round"] or not serverapp_pids(dep),
+                           RUN_TIMEOUT, "the first ServerApp to go on or end")
+                record["first_went_on"] = bool(serverapp_pids(dep)) and rounds_done(results) > \
+                    record["fault_at_round"]
+                reruns.append(dep.procs.start("flwr-run-again", [str(VENV_BIN / "flwr"), "run", str(app), "dep",
+                                                                "--stream"], dep.cli_env()))
             if name == "superlink_restarted":  # what the docs say to do: flwr run again, at once
                 reruns.append(dep.procs.start("flwr-run-again", [str(VENV_BIN / "flwr"), "run", str(app), "dep",
                                                                 "--stream"], dep.cli_env()))
@@ -165,6 +182,10 @@ def scenario(name: str, workdir: Path, nodes: int, rounds: int, fault_after: int
         record["wall_seconds"] = round(time.monotonic() - started, 1)
         outputs = [proc.log.read_text(errors="replace") for proc in dep.procs.procs if proc.name.startswith("flwr-run")]
         record["serverapps_refused"] = sum(output.count(REFUSED) > 0 for output in outputs)
+        # what an operator reads of a refusal: its lines in the streamed ServerApp log, and no traceback anywhere
+        record["refusal_lines"] = sorted({line.strip() for output in outputs for line in output.splitlines()
+                                          if REFUSED in line})
+        record["tracebacks_in_logs"] = sum(output.count("Traceback (most recent call last)") for output in outputs)
         summary_path = results / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
         rounds_log = [json.loads(line) for line in (results / "rounds.jsonl").read_text().splitlines()]
@@ -181,12 +202,35 @@ def scenario(name: str, workdir: Path, nodes: int, rounds: int, fault_after: int
         })
         logged = record["rounds_logged"]
         record["rounds_logged_twice"] = sorted({r for r in logged if logged.count(r) > 1})
+        if name == "resume_after_end":
+            record["resumes_refused"] = resume_after_end(results)
         record.update(status_of(results, summary))
     finally:
         record["left_running"] = dep.procs.stop()
     if name == "nodes_20":
         record["same_config_elsewhere"] = other_engines(load_config(config_path, []), workdir)
     return record
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def resume_after_end(results: Path) -> list[dict[str, Any]]:
+    """``graphfed run --resume`` on the finished run, with its own config and a changed one: the exit code and
+    output of each, what ``graphfed status`` said after, and whether the folder kept every byte."""
+    before = folder_bytes(results)
+    tried = []
+    for label, extra in (("same config", []), ("changed config", ["--set", "train.lr=0.5"])):
+        done = subprocess.run([str(VENV_BIN / "graphfed"), "run", str(results / "config.yaml"), "--out", str(results),
+                               "--resume", "--no-progress", *extra], capture_output=True, text=True, timeout=300)
+        told = subprocess.run([str(VENV_BIN / "graphfed"), "status", str(results)], capture_output=True, text=True,
+                              timeout=120)
+        output = (done.stdout + done.stderr).strip()
+        tried.append({"config": label, "exit": done.returncode, "lines": len(output.splitlines()), "output": output,
+                      "status_exit": told.returncode, "status_line": told.stdout.strip(),
+                      "folder_unchanged": folder_bytes(results) == before})
+    return tried
 
 
 def status_of(results: Path, summary: dict[str, Any]) -> dict[str, Any]:
@@ -255,11 +299,12 @@ def inject(name: str, dep: Deployment) -> None:
             raise RuntimeError("no flwr-serverapp process found to kill")
         for pid in pids:
             subprocess.run(["kill", "-9", str(pid)], check=False)
-    elif name == "superlink_restarted":
+    elif name in RESTARTS:
         superlink = procs.get("superlink")
         superlink.popen.send_signal(signal.SIGKILL)  # the SuperLink alone: its SuperExec and ServerApp stay
         superlink.popen.wait(timeout=30)
-        time.sleep(3.0)
+        if name == "superlink_restarted":
+            time.sleep(3.0)  # (at once otherwise: within the first ServerApp's retries, so that it may reconnect)
         dep.start_superlink()
 
 

@@ -288,6 +288,7 @@ def test_no_temporary_files_are_left_in_the_run_directory(make_config: ConfigFac
     """After a run (and a resume) no *.tmp file from the atomic writer remains anywhere in the out dir."""
     cfg = make_config("fedavg", "train.rounds=5")
     run_config(cfg, tmp_path, progress=False)
+    (tmp_path / "summary.json").unlink()  # as if it died before its summary: a finished run resumes nothing
     run_config(cfg, tmp_path, resume=True, progress=False)
     assert tmp_files(tmp_path) == []
 

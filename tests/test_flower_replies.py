@@ -155,8 +155,11 @@ def test_a_node_claiming_a_partition_id_already_served_is_refused() -> None:
     assert refused == [{"node": second_claim, "claimed": 1,
                         "reason": f"partition id 1 is already served by node {first_claim} in this run (it takes "
                                   f"the client over if that node leaves)"}]
-    # the impostor's own partition (4) has no node: dropped every round, counted
-    assert summary.drop_counts["no_node"] >= 2
+    # the impostor's own partition (4) has no node: dropped every round, counted once per round although it misses
+    # both the round's training and its evaluation
+    assert summary.drop_counts["no_node"] == 2 == sum(summary.drop_counts.values())
+    assert [(drop["round"], drop["client"]) for drop in summary.dropped_clients or []] == [(1, 4), (2, 4)]
+    assert summary.missed_rounds == {"4": [1, 2]}
 
 
 def test_an_identity_reply_that_is_not_an_integer_is_refused() -> None:

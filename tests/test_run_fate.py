@@ -27,7 +27,8 @@ HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     from graphfed.runs import run_writer
-    with run_writer(Path(sys.argv[1])):
+    with run_writer(Path(sys.argv[1])) as claim:
+        claim.start()
         print("holding", flush=True)
         time.sleep(float(sys.argv[2]))
 """)
@@ -66,7 +67,7 @@ def test_a_second_writer_is_refused_with_one_line_and_touches_nothing(make_confi
         holder.wait()
     # the operating system released the killed writer's lock: the run is the next writer's again
     assert writer_holding(tmp_path) is None
-    Simulator(config, tmp_path, progress=False).run(resume=True)
+    assert Simulator(config, tmp_path, progress=False).run().completed
 
 
 def test_status_tells_each_fate_with_its_exit_code(make_config: ConfigFactory, tmp_path: Path) -> None:
@@ -123,9 +124,61 @@ def test_status_waits_for_a_running_writer(tmp_path: Path) -> None:
 
 def test_one_writer_per_process_too(tmp_path: Path) -> None:
     """Two runs in one process (a pack, a notebook) writing one folder: the second is refused as well."""
-    with run_writer(tmp_path), pytest.raises(RunInUseError), run_writer(tmp_path):
-        pass
+    with run_writer(tmp_path) as claim:
+        claim.start()
+        with pytest.raises(RunInUseError), run_writer(tmp_path):
+            pass
     assert run_fate(tmp_path)[0] == "stopped"  # the first writer let go without a final word
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def _flower_checkpoint(folder: Path) -> None:
+    """The run's checkpoint as a Flower ServerApp writes it (the clients' state stays on the nodes)."""
+    from graphfed.sim.checkpoint import load_checkpoint, save_checkpoint
+
+    state = load_checkpoint(folder)
+    state["clients"] = {"flower": {}}
+    save_checkpoint(folder, state)
+
+
+def _corrupt_checkpoint(folder: Path) -> None:
+    path = folder / "checkpoint.pt"
+    data = bytearray(path.read_bytes())
+    data[-20] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("case", ["finished", "other config", "flower checkpoint", "corrupt checkpoint", "in use"])
+def test_a_refused_resume_changes_no_file_and_the_run_stays_completed(case: str, make_config: ConfigFactory,
+                                                                      tmp_path: Path) -> None:
+    """Everything that can refuse ``--resume`` refuses before the run's writer starts: one line with its exit code,
+    every file of the folder byte for byte as it was, and ``graphfed status`` still says completed (exit 0)."""
+    overrides = ["train.rounds=2", "train.eval_every=1", "train.checkpoint_every=1"]
+    config = make_config("fedavg", *overrides)
+    Simulator(config, tmp_path, progress=False).run()
+    {"flower checkpoint": _flower_checkpoint, "corrupt checkpoint": _corrupt_checkpoint}.get(case, lambda _: None)(
+        tmp_path)
+    before = _files(tmp_path)
+    config_file = tmp_path / "config.yaml"
+    arguments = ["run", str(config_file), "--out", str(tmp_path), "--resume", "--no-progress",
+                 *(["--set", "train.lr=0.5"] if case == "other config" else [])]
+    expected = {"finished": (3, "holds a run that finished (2 rounds); there is nothing to resume"),
+                "other config": (3, "the checkpoint was written by a different config"),
+                "flower checkpoint": (3, "is a Flower run's that finished all 2 rounds; there is nothing to resume"),
+                "corrupt checkpoint": (3, "is corrupt (its checksum does not match its contents)"),
+                "in use": (4, "another process is writing this run")}[case]
+    if case == "in use":
+        with run_writer(tmp_path):  # held in this process: the CLI's run is a second writer
+            result = CliRunner().invoke(app, arguments)
+    else:
+        result = CliRunner().invoke(app, arguments)
+    assert (result.exit_code, len(result.output.strip().splitlines())) == (expected[0], 1), result.output
+    assert expected[1] in " ".join(result.output.split())
+    assert _files(tmp_path) == before
+    assert status(tmp_path)[0] == 0 and status(tmp_path)[1].startswith("completed: ")
 
 
 # ---- the headline over the same clients ---------------------------------------------------------------------
@@ -201,3 +254,48 @@ def test_a_serverapp_waits_for_a_writer_letting_go_and_refuses_one_that_goes_on(
     finally:
         going_on.kill()
         going_on.wait()
+
+
+def test_a_second_serverapp_is_refused_with_one_line_and_no_traceback(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A ServerApp for a run another process writes raises Flower's app-exit exception: Flower records the run as
+    failed with the line as its details and exits 203 ("run start rejected"); the line Flower logs for it (with
+    ``exc_info``, as its ServerApp runner does) carries no traceback, and the run folder is untouched."""
+    import logging
+
+    from flwr.app import Context
+    from flwr.app.exception import AppExitException
+    from flwr.common import RecordDict
+
+    from graphfed.config import dump_config
+    from graphfed.flower import protocol
+    from graphfed.flower.app import RUN_START_REJECTED, RunRefusedError, main
+    from test_flower import flower_config, grid_for
+
+    config = flower_config("fedavg", "train.rounds=1")
+    holder = hold(tmp_path)
+    before = _files(tmp_path)
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                      run_config={protocol.RUN_CONFIG_KEY: dump_config(config.model_copy(update={
+                          "flower": config.flower.model_copy(update={"writer_wait": 0.2})})),
+                                  protocol.OUT_DIR_KEY: str(tmp_path)})
+    try:
+        with caplog.at_level(logging.INFO), pytest.raises(RunRefusedError) as refused:
+            main(grid_for(config), context)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert isinstance(refused.value, AppExitException) and refused.value.exit_code == RUN_START_REJECTED == 203
+    line = str(refused.value)
+    assert len(line.splitlines()) == 1 and line.startswith(f"refused: {tmp_path}: another process is writing this "
+                                                           f"run (pid {holder.pid} on ")
+    assert [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR] == [line]
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="flwr"):  # what Flower's ServerApp runner logs for it
+        logging.getLogger("flwr").error("%s raised an exception", "ServerApp", exc_info=refused.value)
+        logging.getLogger("flwr").error("%s raised an exception", "ServerApp", exc_info=ValueError("a real crash"))
+    refusal, crash = caplog.records
+    assert refusal.exc_info is None and refusal.exc_text is None and refusal.getMessage() == \
+        "ServerApp raised an exception"
+    assert crash.exc_info is not None  # a real exception keeps its traceback
+    assert _files(tmp_path) == before

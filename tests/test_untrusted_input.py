@@ -46,6 +46,14 @@ def finished(make_config: ConfigFactory, tmp_path: Path) -> tuple[Path, Path]:
     return config, out
 
 
+@pytest.fixture
+def crashed(finished: tuple[Path, Path]) -> tuple[Path, Path]:
+    """A tiny run whose process died after its last checkpoint, before its summary (a finished run has nothing to
+    resume)."""
+    (finished[1] / "summary.json").unlink()
+    return finished
+
+
 def write_payload(out: Path, payload: bytes, checksum: bool = True) -> None:
     header = CHECKPOINT_MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" if checksum else b""
     (out / CHECKPOINT).write_bytes(header + payload)
@@ -178,9 +186,9 @@ def test_suite_names_that_would_leave_the_output_folder_are_refused(tmp_path: Pa
 # ---- run state -------------------------------------------------------------------------------------------
 
 
-def test_a_torn_last_line_of_rounds_jsonl_is_dropped_on_resume(finished: tuple[Path, Path]) -> None:
+def test_a_torn_last_line_of_rounds_jsonl_is_dropped_on_resume(crashed: tuple[Path, Path]) -> None:
     """A crash mid-append leaves a partial last line: resume drops it and finishes; the log is whole again."""
-    config, out = finished
+    config, out = crashed
     log = out / "rounds.jsonl"
     whole = log.read_text()
     log.write_text(whole + '{"round": 5, "val_me')
@@ -189,8 +197,8 @@ def test_a_torn_last_line_of_rounds_jsonl_is_dropped_on_resume(finished: tuple[P
     assert log.read_text() == whole
 
 
-def test_a_corrupt_line_inside_rounds_jsonl_is_named(finished: tuple[Path, Path]) -> None:
-    config, out = finished
+def test_a_corrupt_line_inside_rounds_jsonl_is_named(crashed: tuple[Path, Path]) -> None:
+    config, out = crashed
     log = out / "rounds.jsonl"
     lines = log.read_text().splitlines()
     log.write_text("\n".join([lines[0], "garbage{", *lines[1:]]) + "\n")
@@ -200,8 +208,8 @@ def test_a_corrupt_line_inside_rounds_jsonl_is_named(finished: tuple[Path, Path]
     assert "rounds.jsonl: line 2 is not JSON" in line
 
 
-def test_temporary_files_of_interrupted_writes_are_cleaned(finished: tuple[Path, Path]) -> None:
-    config, out = finished
+def test_temporary_files_of_interrupted_writes_are_cleaned(crashed: tuple[Path, Path]) -> None:
+    config, out = crashed
     stale = [out / ".checkpoint.pt.k3j2.tmp", out / "graphs" / ".round_0002.npz.x1.tmp"]
     for path in stale:
         path.parent.mkdir(exist_ok=True)

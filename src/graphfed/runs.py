@@ -296,32 +296,50 @@ def in_use_message(out_dir: Path, holder: dict[str, Any]) -> str:
             f"Wait for it (graphfed status {out_dir} --wait) or stop it first")
 
 
+class RunClaim:
+    """A run folder held by its one writer (:func:`run_writer`). The run's fate is recorded from :meth:`start` on:
+    what can refuse the run (a checkpoint of another config or engine, a finished run, a corrupt file) is checked
+    between the claim and the start, so a refusal leaves every file of the folder as it was."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.started = False
+
+    def start(self) -> None:
+        """The run begins: ``status.json`` says ``running``, and from now on its end is recorded."""
+        write_status(self.out_dir, "running")
+        self.started = True
+
+
 @contextmanager
-def run_writer(out_dir: Path) -> Iterator[None]:
+def run_writer(out_dir: Path) -> Iterator[RunClaim]:
     """Hold ``out_dir`` as its one writer for the block: a second process (a second ServerApp for the same run
     after a SuperLink restart, a second ``graphfed run``) gets :class:`RunInUseError` before it reads or writes
     anything. The lock is the operating system's (``filelock``): a writer killed outright releases it. On a
     filesystem without working locks (some network mounts) it cannot protect; keep run folders local.
 
-    The status file says ``running`` while the block runs; the block's owner writes the final state (completed,
-    stopped), and an exception that escapes it is written as ``failed`` (an interrupt as ``interrupted``)."""
+    The block gets the :class:`RunClaim`; once it calls :meth:`RunClaim.start` the status file says ``running``,
+    the block's owner writes the final state (completed, stopped), and an exception that escapes it is written as
+    ``failed`` (an interrupt as ``interrupted``). An exception before the start (a refusal) writes nothing."""
     out_dir.mkdir(parents=True, exist_ok=True)
     lock = _writer_lock(out_dir)
     try:
         lock.acquire()
     except Timeout:
         raise RunInUseError(in_use_message(out_dir, read_status(out_dir) or {})) from None
+    claim = RunClaim(out_dir)
     try:
-        write_status(out_dir, "running")
-        yield
+        yield claim
     except KeyboardInterrupt:
-        write_status(out_dir, "interrupted", reason="interrupted (Ctrl-C or SIGTERM); resume from the checkpoint")
+        if claim.started:
+            write_status(out_dir, "interrupted", reason="interrupted (Ctrl-C or SIGTERM); resume from the checkpoint")
         raise
     except GeneratorExit:  # the run's steps abandoned by whoever drove them: nothing to say about its fate
         raise
     except BaseException as err:
-        first = (str(err).strip().splitlines() or [""])[0][:300]
-        write_status(out_dir, "failed", reason=f"{type(err).__name__}: {first}")
+        if claim.started:
+            first = (str(err).strip().splitlines() or [""])[0][:300]
+            write_status(out_dir, "failed", reason=f"{type(err).__name__}: {first}")
         raise
     finally:
         lock.release()

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from flwr.app import Context
+from flwr.app.exception import AppExitException
 from flwr.serverapp import Grid, ServerApp
 
 from graphfed.config import ConfigError, RunConfig, read_yaml, validate_config
@@ -28,6 +29,32 @@ from graphfed.sim.engine import Simulator
 
 server_app = ServerApp()
 log = logging.getLogger("graphfed.flower")
+#: Flower's exit code for a ServerApp whose run was not started ("run start rejected")
+RUN_START_REJECTED = 203
+
+
+class RunRefusedError(AppExitException):
+    """A ServerApp refused before it asked any node for anything (a second ServerApp for a run in use). Flower
+    records the run as failed with this message as its status details (``flwr ls``) and exits with
+    :data:`RUN_START_REJECTED`; :class:`RefusalWithoutTraceback` keeps its traceback out of the log."""
+
+    exit_code = RUN_START_REJECTED
+
+
+class RefusalWithoutTraceback(logging.Filter):
+    """On Flower's logger: the line Flower logs for a :class:`RunRefusedError` keeps its text, not the traceback
+    (the refusal is a decision, not a crash; ``graphfed.flower`` logged its one line before it was raised)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], RunRefusedError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _quiet_refusals() -> None:
+    flower_logger = logging.getLogger("flwr")
+    if not any(isinstance(existing, RefusalWithoutTraceback) for existing in flower_logger.filters):
+        flower_logger.addFilter(RefusalWithoutTraceback())
 
 
 def run_on_grid(grid: Grid, config: RunConfig, out_dir: str | Path | None) -> RunResult:
@@ -84,7 +111,12 @@ def main(grid: Grid, context: Context) -> None:
         raise ConfigError("flower.secure_aggregation: this app's ServerApp reads every reply; run the SecAgg+ app "
                           "(serverapp = graphfed.flower.secagg:server_app; graphfed flower-app writes it)")
     out_dir = str(context.run_config.get(protocol.OUT_DIR_KEY, "")) or None
-    result = run_on_grid(grid, config, out_dir)
+    try:
+        result = run_on_grid(grid, config, out_dir)
+    except RunInUseError as err:
+        log.error("refused: %s", err)
+        _quiet_refusals()
+        raise RunRefusedError(f"refused: {err}") from None
     drops = result.dropped_clients or []
     dropped = sorted({drop["client"] for drop in drops})
     log.info("graphfed run %s: test %s %.4g (best round %s); %d drop event(s), clients dropped at least once: %s",
@@ -93,4 +125,5 @@ def main(grid: Grid, context: Context) -> None:
         raise RunStoppedError(f"{result.status}; flwr run the same App again to resume from its checkpoint")
 
 
-__all__ = ["client_app", "run_on_grid", "server_app"]
+__all__ = ["RUN_START_REJECTED", "RefusalWithoutTraceback", "RunRefusedError", "client_app", "run_on_grid",
+           "server_app"]

@@ -146,6 +146,11 @@ class FlowerExecutor(ClientExecutor):
         log.warning("node %d refused: %s", node, reason)
 
     def _drop(self, round_index: int, client_id: int, reason: str, kind: str) -> None:
+        """Record that ``client_id`` missed round ``round_index + 1``: once per client and round (a client whose
+        node is gone misses the round's training and its evaluation; that is one drop, named by the first)."""
+        if any(r == round_index + 1 and c == client_id for r, c, _ in self.dropped):
+            log.warning("round %d: client %d dropped again: %s", round_index + 1, client_id, reason)
+            return
         self.dropped.append((round_index + 1, client_id, reason))
         self.drop_counts[kind] += 1
         log.warning("round %d: client %d dropped: %s", round_index + 1, client_id, reason)

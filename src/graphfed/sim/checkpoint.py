@@ -16,7 +16,7 @@ import yaml
 from graphfed import runs
 from graphfed.client.privacy import PrivacyLedger
 from graphfed.config import ConfigError, dump_config, read_yaml, same_run, validate_config
-from graphfed.errors import CheckpointError
+from graphfed.errors import CheckpointError, UntrustedInputError
 from graphfed.runs import CHECKPOINT, atomic_write_bytes
 
 if TYPE_CHECKING:
@@ -122,6 +122,28 @@ def restore(sim: Simulator, state: dict[str, Any]) -> int:
     sim.tracker.select_last = sim.privacy.active and sim.privacy.model_selection == "last"
     sim.ledger = _resumed_ledger(sim, state.get("privacy_ledger"))
     return int(completed)
+
+
+def resume(sim: Simulator, out_dir: Path) -> int:
+    """Restore ``sim`` from the checkpoint in ``out_dir`` for ``--resume``; the rounds it completed. Refuses (a
+    one-line :class:`CheckpointError`) what cannot be resumed: no or a corrupt checkpoint, another config's or
+    another engine's, and a run that already finished (its summary says so: resuming it would only rewrite its
+    result). Reads only: the run folder is unchanged by a refusal (the caller starts the run after this)."""
+    finished = _finished(out_dir)
+    start_round = restore(sim, load_checkpoint(out_dir, sim.setup.clients.device))
+    if finished is not None:
+        raise CheckpointError(f"--resume: {out_dir} holds a run that finished ({finished}); there is nothing to "
+                              f"resume (graphfed show prints its result; --overwrite starts it again)")
+    return start_round
+
+
+def _finished(out_dir: Path) -> str | None:
+    """How the run in ``out_dir`` finished (its rounds), or None when its summary is missing or says it stopped."""
+    try:
+        result = runs.read_result(out_dir)
+    except (UntrustedInputError, OSError):
+        return None
+    return f"{result.rounds} rounds" if result.completed else None
 
 
 def _resumed_ledger(sim: Simulator, saved: Any) -> PrivacyLedger:

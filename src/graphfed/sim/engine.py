@@ -290,19 +290,19 @@ class Simulator:
         """The whole run, as the one writer of its folder (``runs.run_writer``: a second process is refused);
         its fate goes to the folder's status file."""
         if self.out_dir is None:
-            return (yield from self._run_steps(resume))
-        with runs.run_writer(self.out_dir):
-            result = yield from self._run_steps(resume)
+            return (yield from self._run_steps(resume, None))
+        with runs.run_writer(self.out_dir) as claim:
+            result = yield from self._run_steps(resume, claim)
             runs.write_status(self.out_dir, "completed" if result.completed else "stopped",
                               **({} if result.completed else {"reason": result.status}), rounds=result.rounds,
                               best_round=result.best_round, metric=result.metric, test_mean=result.test_mean,
                               scored_clients=result.scored_clients, training_clients=result.training_clients)
             return result
 
-    def _run_steps(self, resume: bool) -> Steps[RunResult]:
+    def _run_steps(self, resume: bool, claim: runs.RunClaim | None) -> Steps[RunResult]:
         """The rounds, evaluations and callbacks; returns the result it wrote."""
         cfg = self.config
-        start_round, history, callbacks = self._begin(resume)
+        start_round, history, callbacks = self._begin(resume, claim)
         status = "completed"
         progress = next(callback for callback in callbacks if isinstance(callback, Progress))
         try:
@@ -363,19 +363,22 @@ class Simulator:
         for callback in callbacks:
             callback.evaluated(record, graphs)
 
-    def _begin(self, resume: bool) -> tuple[int, list[dict[str, Any]], list[RunCallback]]:
-        """Prepare the run folder (or resume from its checkpoint), say what the run is, build its callbacks."""
+    def _begin(self, resume: bool, claim: runs.RunClaim | None) -> tuple[int, list[dict[str, Any]], list[RunCallback]]:
+        """Prepare the run folder (or resume from its checkpoint), say what the run is, build its callbacks. Every
+        refusal (``checkpoint.refusal_to_resume``) comes before ``claim`` starts the run and before any file of
+        the folder changes."""
         cfg, fed, method = self.config, self.setup.federation, self.setup.method
         rounds_log = runs.RoundLog(self.out_dir) if self.out_dir else None
         start_round = 0
+        if resume and self.out_dir:
+            # onto this run's device, whichever device wrote it (GPU -> CPU and back)
+            start_round = checkpoint.resume(self, self.out_dir)
+        if claim is not None:
+            claim.start()
         if self.out_dir and rounds_log:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
             for stale in runs.remove_stale_temporaries(self.out_dir):
                 log.info("removed %s, left by an interrupted write", stale)
             if resume:
-                # onto this run's device, whichever device wrote it (GPU -> CPU and back)
-                start_round = checkpoint.restore(self, checkpoint.load_checkpoint(self.out_dir,
-                                                                                  self.setup.clients.device))
                 rounds_log.truncate_after(start_round)
                 log.info("resuming %s from round %d", self.out_dir, start_round)
             else:
