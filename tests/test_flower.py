@@ -169,6 +169,40 @@ def test_a_node_with_an_out_of_range_partition_id_is_ignored() -> None:
     assert any(d["client"] == 5 and "no node" in d["reason"] for d in summary.dropped_clients)
 
 
+@pytest.mark.parametrize(("given", "message"), [
+    (99, "node config partition-id=99 is outside the federation's clients 0..5"),
+    (-1, "node config partition-id=-1 is outside the federation's clients 0..5"),
+    ("abc", "node config partition-id='abc' is not a client number"),
+    (2.5, "node config partition-id=2.5 is not a client number"),
+    (True, "node config partition-id=True is not a client number")])
+def test_a_supernode_with_a_bad_partition_id_logs_one_line_on_its_side(
+        given: object, message: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The node's side of a bad ``partition-id``: the ClientApp refuses it with one line naming the value and how to
+    start the node, and the line Flower's ClientApp runner logs for it carries that line, not a traceback."""
+    import logging
+
+    from flwr.app import Message
+    from flwr.common import Context, RecordDict
+
+    from graphfed.config import dump_config
+    from graphfed.errors import ConfigError
+    from graphfed.flower import protocol
+    from graphfed.flower.client import query
+
+    config = flower_config("fedavg", "train.rounds=1")
+    context = Context(run_id=1, node_id=7, node_config={"partition-id": given, "num-partitions": NUM_CLIENTS},
+                      state=RecordDict(), run_config={protocol.RUN_CONFIG_KEY: dump_config(config)})
+    with pytest.raises(ConfigError) as refused:
+        query(Message(RecordDict({}), dst_node_id=7, message_type="query"), context)
+    line = str(refused.value)
+    assert line.startswith(message) and "--node-config \"partition-id=<0..5> num-partitions=6\"" in line
+    assert len(line.splitlines()) == 1
+    with caplog.at_level(logging.ERROR, logger="flwr"):
+        logging.getLogger("flwr").error("%s raised an exception", "ClientApp", exc_info=refused.value)
+    assert caplog.records[0].getMessage() == f"ClientApp raised an exception: {line}"
+    assert "Traceback" not in caplog.text
+
+
 def test_a_round_where_no_evaluation_arrives_does_not_end_the_run() -> None:
     """Every node failing its messages: rounds complete without updates or scores, the run still finishes
     with a summary (no model-selection round), instead of crashing the ServerApp."""

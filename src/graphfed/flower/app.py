@@ -33,28 +33,12 @@ log = logging.getLogger("graphfed.flower")
 RUN_START_REJECTED = 203
 
 
-class RunRefusedError(AppExitException):
+class RunRefusedError(AppExitException, RunInUseError):
     """A ServerApp refused before it asked any node for anything (a second ServerApp for a run in use). Flower
-    records the run as failed with this message as its status details (``flwr ls``) and exits with
-    :data:`RUN_START_REJECTED`; :class:`RefusalWithoutTraceback` keeps its traceback out of the log."""
+    records the run as failed with this message as its status details (``flwr ls``), logs it in one line
+    (:mod:`graphfed.flower.logs`) and exits with :data:`RUN_START_REJECTED`."""
 
-    exit_code = RUN_START_REJECTED
-
-
-class RefusalWithoutTraceback(logging.Filter):
-    """On Flower's logger: the line Flower logs for a :class:`RunRefusedError` keeps its text, not the traceback
-    (the refusal is a decision, not a crash; ``graphfed.flower`` logged its one line before it was raised)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], RunRefusedError):
-            record.exc_info, record.exc_text = None, None
-        return True
-
-
-def _quiet_refusals() -> None:
-    flower_logger = logging.getLogger("flwr")
-    if not any(isinstance(existing, RefusalWithoutTraceback) for existing in flower_logger.filters):
-        flower_logger.addFilter(RefusalWithoutTraceback())
+    exit_code = RUN_START_REJECTED  # type: ignore[assignment]
 
 
 def run_on_grid(grid: Grid, config: RunConfig, out_dir: str | Path | None) -> RunResult:
@@ -114,8 +98,6 @@ def main(grid: Grid, context: Context) -> None:
     try:
         result = run_on_grid(grid, config, out_dir)
     except RunInUseError as err:
-        log.error("refused: %s", err)
-        _quiet_refusals()
         raise RunRefusedError(f"refused: {err}") from None
     drops = result.dropped_clients or []
     dropped = sorted({drop["client"] for drop in drops})
@@ -125,5 +107,4 @@ def main(grid: Grid, context: Context) -> None:
         raise RunStoppedError(f"{result.status}; flwr run the same App again to resume from its checkpoint")
 
 
-__all__ = ["RUN_START_REJECTED", "RefusalWithoutTraceback", "RunRefusedError", "client_app", "run_on_grid",
-           "server_app"]
+__all__ = ["RUN_START_REJECTED", "RunRefusedError", "client_app", "run_on_grid", "server_app"]

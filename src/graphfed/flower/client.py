@@ -30,11 +30,13 @@ from graphfed.config import read_yaml, validate_config
 from graphfed.data import build_federation
 from graphfed.errors import ConfigError, UntrustedInputError
 from graphfed.flower import protocol
+from graphfed.flower.logs import user_errors_in_one_line
 from graphfed.paths import user_cache_dir
 from graphfed.runs import atomic_write_bytes
 from graphfed.setup import ClientSide, resolve_method
 
 client_app = ClientApp()
+user_errors_in_one_line()  # a SuperNode's user error (a bad partition-id) is one line in its log
 
 
 @functools.lru_cache(maxsize=2)
@@ -62,10 +64,16 @@ def node_client(context: Context) -> tuple[int, ClientSide]:
     if protocol.PARTITION_KEY not in context.node_config:
         raise ConfigError("this SuperNode has no node config 'partition-id'; start it with "
                          "--node-config \"partition-id=<client id> num-partitions=<clients>\"")
-    client_id = int(context.node_config[protocol.PARTITION_KEY])
-    num_clients = side.federation.num_clients
+    raw, num_clients = context.node_config[protocol.PARTITION_KEY], side.federation.num_clients
+    whole = isinstance(raw, int) and not isinstance(raw, bool)
+    if not (whole or (isinstance(raw, str) and re.fullmatch(r"\s*-?\d+\s*", raw))):
+        raise ConfigError(f"node config partition-id={raw!r} is not a client number; start the SuperNode with "
+                          f"--node-config \"partition-id=<0..{num_clients - 1}> num-partitions={num_clients}\"")
+    client_id = int(raw)
     if not 0 <= client_id < num_clients:
-        raise ConfigError(f"partition-id {client_id} is outside the federation's clients 0..{num_clients - 1}")
+        raise ConfigError(f"node config partition-id={client_id} is outside the federation's clients "
+                          f"0..{num_clients - 1}; start the SuperNode with --node-config \"partition-id=<0.."
+                          f"{num_clients - 1}> num-partitions={num_clients}\"")
     return client_id, side
 
 
