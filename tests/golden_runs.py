@@ -46,6 +46,11 @@ SPECIAL: dict[str, dict[str, Any]] = {
     "panacea": {"dataset": {"name": "fl60", "novel_fraction": 0.2}, "train": {"novel_adapt_rounds": 2},
                 "method": {"options": {"embedding_dim": 4, "gnn_hidden": 8, "hypernet_hidden": 8, "server_steps": 2}}},
     "pfedgat": {"method": {"options": {"feedback": "loss_only"}}},
+    # a federation where MOON's contrastive term moves the numbers (on the digits base every mu and temperature gave
+    # FedAvg's), with a temperature other than the default, so a temperature that never reaches training shows
+    "moon": {"dataset": {"name": "fln", "num_clients": 12, "novel_fraction": 0.0},
+             "model": {"name": "mlp", "options": {"hidden": 8}}, "train": {"rounds": 8},
+             "method": {"options": {"mu": 5.0, "temperature": 0.1}}},
     "fedpac": {"model": {"name": "cnn-bn", "options": {}}, "dataset": IMAGES},
     "fedbn": {"model": {"name": "cnn-bn", "options": {}}, "dataset": IMAGES},
     "flha-ghn": {"model": {"name": "resnet-like", "options": {"width": 4}, "architectures": ["arch0", "arch1"]},

@@ -12,12 +12,14 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from conftest import ConfigFactory
 from graphfed import bench, runs
 from graphfed.bench import plan_suite, run_suite
 from graphfed.cli import app
 from graphfed.config import ConfigError
 from graphfed.report import suite as suite_report
 from graphfed.runs import RunResult
+from graphfed.sim.engine import run_config
 from graphfed.suites import Cell, Suite, load_suite, suite_cells
 
 SMOKE = Path(__file__).parents[1] / "benchmarks" / "suites" / "smoke.yaml"
@@ -591,3 +593,57 @@ def test_the_gpu_suite_holds_the_papers_budgets_as_valid_cells() -> None:
     # each section's time per run: measured on an H100 (benchmarks/results/gpu.json) or, where not yet, projected
     assert all("Measured:" in entry.description or "Expected about" in entry.description
                for entry in suite.datasets.values())
+
+
+@pytest.mark.parametrize("module", ["methods/local.py", "methods/fedavg.py"])
+def test_a_run_whose_own_module_changed_is_stale_whether_or_not_a_vouch_knows_the_module(
+        module: str, make_config: ConfigFactory) -> None:
+    """A run is stale once a module it ran has other bytes, for a module no vouch ever placed in a class (its hash
+    is its class) as for one a vouch did (``behaviour.json``'s ``modules``); today's own hashes are current."""
+    from graphfed.provenance import _behaviour_table, stale_reason
+    from graphfed.setup import run_roots
+
+    method = module.removeprefix("methods/").removesuffix(".py")
+    known = module in _behaviour_table()["modules"]
+    assert known == (method == "fedavg")  # the two cases: local.py has no entry, fedavg.py has one
+    config = make_config(method, "train.rounds=1")
+    code = run_config(config, progress=False).code
+    roots = run_roots(config)
+    assert stale_reason(code, roots) is None
+    edited = {**code, "modules": {**code["modules"], module: "0123456789abcdef" * 4}}
+    assert stale_reason(edited, roots) == f"{module} changed"
+
+
+def test_a_vouch_without_private_runs_stales_private_runs_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              make_config: ConfigFactory) -> None:
+    """A change to the DP mechanisms is vouched without the private runs (``vouch.py --no-privacy``): today's engine
+    joins its predecessor's class for every other run, while private runs get a behaviour of their own, so a
+    private run of the predecessor is stale and a plain one is current; a private run of today's engine is
+    current."""
+    from graphfed import provenance
+    from graphfed.setup import run_roots
+
+    today = provenance.engine_hash()
+    table = {"engines": {"ab" * 32: "0123456789abcdef", today: "0123456789abcdef"},
+             "private_engines": {today: today[:16]}}
+    path = tmp_path / "behaviour.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setattr(provenance, "BEHAVIOUR", path)
+    for cached in (provenance._behaviour_table, provenance.behaviour):
+        cached.cache_clear()
+    try:
+        config = make_config("fedavg", "train.rounds=1")
+        roots = run_roots(config)
+        code = run_config(config, progress=False).code
+        assert code["behaviour"] == "0123456789abcdef" == provenance.behaviour()
+        earlier = {**code, "behaviour": "0123456789abcdef"}  # the predecessor's runs recorded its class
+        assert provenance.stale_reason(earlier, roots) is None
+        assert provenance.stale_reason(earlier, roots, private=True) == (
+            f"the engine behaves otherwise (behaviour 0123456789abcdef, today {today[:16]})")
+        private = run_config(make_config("fedavg", "train.rounds=1", "privacy.mechanism=central",
+                                         "privacy.noise_multiplier=1.0"), progress=False).code
+        assert private["behaviour"] == today[:16] == provenance.behaviour(private=True)
+        assert provenance.stale_reason(private, roots, private=True) is None
+    finally:
+        for cached in (provenance._behaviour_table, provenance.behaviour):
+            cached.cache_clear()

@@ -39,3 +39,10 @@ def test_mu_zero_is_fedavg_exactly_and_a_positive_mu_changes_training(
             == {k: v for k, v in without_wall_time(fedavg).items() if k not in drop})
     contrastive = Simulator(make_config("moon", "method.options={mu: 5.0}"), progress=False).run()
     assert contrastive.status == "completed" and contrastive.test_mean != fedavg.test_mean
+
+
+def test_the_temperature_reaches_training(make_config: ConfigFactory) -> None:
+    """The contrastive softmax's temperature is the one configured: two temperatures, two trainings."""
+    sharp = Simulator(make_config("moon", "method.options={mu: 5.0, temperature: 0.1}"), progress=False).run()
+    soft = Simulator(make_config("moon", "method.options={mu: 5.0, temperature: 2.0}"), progress=False).run()
+    assert (sharp.test_mean, sharp.val_mean) != (soft.test_mean, soft.val_mean)

@@ -751,3 +751,93 @@ def test_the_privacy_audit_command_passes_a_sound_config_and_fails_reproducible_
                                           "--seed-attacker", "--canaries", "4000"])
     assert broken.exit_code == 3, broken.output
     assert "does not give its claimed epsilon: its noise is reproducible from the seed" in broken.stderr
+
+
+# ---- every client within the target, every release on disk -----------------------------------------------------
+def test_under_a_local_target_no_client_spends_more_novel_clients_included(make_config: ConfigFactory,
+                                                                            tmp_path: Path) -> None:
+    """Local DP, target 4, 4 training rounds, novel clients adapting for 20 rounds (20 noised uploads each): the
+    noise is calibrated for the 20, every client's epsilon (from its uploads in privacy.json, by dp-accounting
+    itself) is at most 4, the novel ones close to it, and the summary says what the noise was sized for."""
+    config = private(make_config, "local", "privacy.target_epsilon=4", "train.rounds=4", "train.eval_every=4",
+                     "train.novel_adapt_rounds=20", "dataset.novel_fraction=0.25", method="pfedhn")
+    simulator = Simulator(config, tmp_path / "run", progress=False)
+    result = simulator.run()
+    record = result.privacy or {}
+    fed = simulator.setup.federation
+    uploads = {int(i): n for i, n in json.loads((tmp_path / "run" / "privacy.json").read_text())["uploads"].items()}
+    novel = fed.novel_client_ids.tolist()
+    assert novel and all(uploads[i] == 20 for i in novel)
+    assert max(uploads[i] for i in fed.train_client_ids.tolist()) <= 4
+    spent = {fed.client_names[i]: library_epsilon(record["noise_multiplier"], count, None, record["delta"])
+             for i, count in uploads.items()}
+    assert max(spent.values()) <= 4 * (1 + 1e-9) and max(spent.values()) == pytest.approx(4, rel=0.01)
+    assert all(record["per_client_epsilon"][name] == pytest.approx(value, rel=1e-9) for name, value in spent.items())
+    assert record["releases_per_client"] == 20
+    assert record["calibrated_for"] == ("20 noised uploads per client, the most any client makes (a training client's "
+                                        "at most 4 (train.rounds), a novel client's adaptation 20 "
+                                        "(train.novel_adapt_rounds))")
+
+
+def test_an_interrupt_during_novel_adaptation_still_counts_its_uploads_after_the_resume(
+        make_config: ConfigFactory, tmp_path: Path) -> None:
+    """Each novel-client upload is in privacy.json before the next is made: interrupted at the third adaptation
+    step and resumed (adaptation runs again from its start), every novel client has spent 3 + 5 uploads."""
+    from graphfed.methods.base import EmbeddingHypernetwork
+
+    config = private(make_config, "local", "privacy.noise_multiplier=2.0", "train.rounds=2", "train.eval_every=2",
+                     "train.novel_adapt_rounds=5", "dataset.novel_fraction=0.25", method="pfedhn")
+    out = tmp_path / "run"
+    adapt, calls = EmbeddingHypernetwork.adapt_novel, []
+
+    def interrupting(self, client_ids, sent, delta) -> None:  # type: ignore[no-untyped-def]
+        calls.append(len(client_ids))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        adapt(self, client_ids, sent, delta)
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(EmbeddingHypernetwork, "adapt_novel", interrupting)
+        Simulator(config, out, progress=False).run()
+    simulator = Simulator(config, out, progress=False)
+    novel = simulator.setup.federation.novel_client_ids.tolist()
+    assert novel and all(json.loads((out / "privacy.json").read_text())["uploads"][str(i)] == 3 for i in novel)
+    result = simulator.run(resume=True)
+    record = result.privacy or {}
+    uploads = json.loads((out / "privacy.json").read_text())["uploads"]
+    assert result.completed and all(uploads[str(i)] == 8 for i in novel)
+    names = simulator.setup.federation.client_names
+    assert all(record["per_client_epsilon"][names[i]] == library_epsilon(2.0, 8, None, record["delta"]) for i in novel)
+
+
+def test_a_central_release_clips_every_update_of_the_cohort(make_config: ConfigFactory) -> None:
+    """Updates far above the clip and no noise: each round's release is the sum of the cohort's updates, each
+    scaled to the clip by hand, over the expected cohort. An update released unclipped would move it by its excess."""
+    from graphfed.client.executor import ClientRuntime
+    from graphfed.methods.fedavg import FedAvg
+
+    config = private(make_config, "central", "privacy.noise_multiplier=0.0", "privacy.clip_norm=0.01",
+                     "privacy.reproducible_noise=true", "train.rounds=3", "train.eval_every=3")  # a seeded sample
+    uploads: list[torch.Tensor] = []
+    releases: list[tuple[torch.Tensor, float]] = []
+    train, update = ClientRuntime.train, FedAvg.central_update
+
+    def recording_train(self, client_ids, start, round_index, purpose, steps=None, broadcast=None):  # type: ignore[no-untyped-def]
+        result = train(self, client_ids, start, round_index, purpose, steps, broadcast)
+        uploads.append(result.delta.clone())
+        return result
+
+    def recording_update(self, mean_delta: torch.Tensor, expected_clients: float) -> None:  # type: ignore[no-untyped-def]
+        releases.append((mean_delta.clone(), expected_clients))
+        update(self, mean_delta, expected_clients)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ClientRuntime, "train", recording_train)
+        patch.setattr(FedAvg, "central_update", recording_update)
+        Simulator(config, progress=False).run()
+    assert len(uploads) == len(releases) == 3 and sum(len(u) for u in uploads) >= 3
+    for delta, (released, expected) in zip(uploads, releases, strict=True):
+        norms = torch.linalg.vector_norm(delta.double(), dim=1, keepdim=True)
+        assert bool((norms > 0.01).all())  # every update is above the clip: each must be scaled
+        by_hand = (delta.double() * (0.01 / norms)).sum(0) / expected
+        torch.testing.assert_close(released.double(), by_hand, rtol=1e-5, atol=1e-9)

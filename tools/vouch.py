@@ -9,6 +9,9 @@ do not decide). When every run agrees it writes ``src/graphfed/behaviour.json``:
 * ``modules``: each run-specific module the suite ran (a method's, model's, dataset's file) whose hash changed since
   REV: its REV hash and today's in one class, so a run of REV that reaches it stays current (an edit that only added
   a refusal, or a path the suite's runs do not take: the suite's coverage is what the vouch is worth);
+* ``private_engines``: with ``--no-privacy`` (a change to the mechanisms: private runs would differ), today's engine
+  hash maps to a private behaviour of its own, so private runs of earlier engines are stale while the others stay
+  current; without it, today's follows REV's private behaviour;
 * ``legacy``: REV's code id (one hash over all its sources, what runs recorded before they recorded their modules)
   with its behaviour and the hash of each of its run-specific modules, and the scope the suite covered
   (``--no-privacy``: the private runs were left out, so legacy private runs stay stale).
@@ -127,6 +130,14 @@ def main() -> int:
     table = json.loads(provenance.BEHAVIOUR.read_text()) if provenance.BEHAVIOUR.is_file() else {}
     engines, legacy = table.setdefault("engines", {}), table.setdefault("legacy", {})
     joined = join(engines, old_engine, old_behaviour, provenance.engine_hash())
+    # private runs: without the private runs compared (a change to the mechanisms), today's engine is a private
+    # behaviour of its own, and every private run before it is stale; compared, they follow REV's private class
+    private = table.setdefault("private_engines", {})
+    today = provenance.engine_hash()
+    if args.no_privacy:
+        private[today] = today[:16]
+    elif old_engine in private:
+        private[today] = private[old_engine]
     for entry in legacy.values():  # a legacy code of REV's class names the joined class
         entry["behaviour"] = engines.get(entry["behaviour"], joined if entry["behaviour"] == old_behaviour
                                          else entry["behaviour"])

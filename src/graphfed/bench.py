@@ -37,6 +37,7 @@ from graphfed.report.suite import NOT_RUN, StaleOf, write_report
 from graphfed.runs import RunResult
 from graphfed.setup import resolve_method, run_roots
 from graphfed.sim import checkpoint
+from graphfed.sim.stages import check_privacy_first
 from graphfed.suites import Cell, Suite, load_suite, suite_cells
 
 
@@ -356,6 +357,8 @@ def run_suite(suite_path: Path, out: Path, datasets: list[str] | None = None, me
     suite = load_suite(suite_path)
     cells = suite_cells(suite, seeds=seeds, overrides=overrides)
     selected = [] if report_only else suite_cells(suite, datasets, methods, seeds, overrides)
+    first_of_each = {(cell.dataset, cell.method): cell.config for cell in reversed(selected)}
+    check_privacy_first((f"datasets.{key}, method {method}", config) for (key, method), config in first_of_each.items())
     results = run_cells(selected, out, in_process=in_process, data_dir=data_dir, echo=echo, keep_stale=keep_stale,
                         jobs=jobs, pack=pack)
     all_done = all(s.completed for results_of_cell in results.values() for s in results_of_cell)

@@ -151,16 +151,19 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _run_one(cfg: RunConfig, out: Path | None, resume: bool, progress: bool = True) -> RunResult:
+def _run_one(cfg: RunConfig, out: Path | None, resume: bool, progress: bool = True,
+             keep_stopped: bool = False) -> RunResult:
     # Imported per command: `graphfed --help` should not pay for torch.
     from graphfed.sim.engine import run_config
 
-    return _run_many([cfg], [out], lambda: [run_config(cfg, out, resume=resume, progress=progress)])[0]
+    return _run_many([cfg], [out], lambda: [run_config(cfg, out, resume=resume, progress=progress)],
+                     keep_stopped)[0]
 
 
-def _run_many(configs: list[RunConfig], outs: list[Path | None],
-              running: Callable[[], list[RunResult]]) -> list[RunResult]:
-    """``running()``'s results; an interrupt or a run that stopped is one line with its exit code."""
+def _run_many(configs: list[RunConfig], outs: list[Path | None], running: Callable[[], list[RunResult]],
+              keep_stopped: bool = False) -> list[RunResult]:
+    """``running()``'s results; an interrupt, or a run that stopped (unless ``keep_stopped``: a comparison goes on
+    and says so at its end), is one line with its exit code."""
     try:
         with _sigterm_as_interrupt():
             summaries = running()
@@ -170,7 +173,10 @@ def _run_many(configs: list[RunConfig], outs: list[Path | None],
         _fail(f"interrupted; the last checkpoint in {where} is kept, continue with --resume", EXIT_INTERRUPTED)
     for summary, out in zip(summaries, outs, strict=True):
         if not summary.completed:
-            _fail(f"{summary.status} (summary in {out})", EXIT_RUN)
+            if not keep_stopped:
+                _fail(f"{summary.status} (summary in {out})", EXIT_RUN)
+            console.print(f"[yellow]stopped:[/yellow] {summary.method} seed {summary.seed}: {summary.status}; the "
+                          f"comparison goes on")
     return summaries
 
 
@@ -180,12 +186,13 @@ def _run_row(configs: list[RunConfig], outs: list[Path], pack: int, progress: bo
     from graphfed.sim.pack import Pack, pack_refusal
 
     if pack == 1 or len(configs) < 2 or pack_refusal(configs[0]) is not None:
-        return [_run_one(cfg, out, False, progress) for cfg, out in zip(configs, outs, strict=True)]
+        return [_run_one(cfg, out, False, progress, keep_stopped=True) for cfg, out in zip(configs, outs, strict=True)]
     size = pack or len(configs)
     results: list[RunResult] = []
     for lo in range(0, len(configs), size):
         chunk, dirs = configs[lo:lo + size], outs[lo:lo + size]
-        ran = _run_many(chunk, list(dirs), lambda chunk=chunk, dirs=dirs: Pack(chunk, list(dirs)).run())
+        ran = _run_many(chunk, list(dirs), lambda chunk=chunk, dirs=dirs: Pack(chunk, list(dirs)).run(),
+                        keep_stopped=True)
         shared = any((run.execution or {}).get("pack", {}).get("batched") for run in ran)
         console.print(f"{chunk[0].method.name}: seeds {', '.join(str(c.seed) for c in chunk)} "
                       + ("ran as one pack (their clients' calls shared)" if shared else
@@ -294,8 +301,11 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
         per_client_cells,
         per_client_csv_rows,
         per_client_over_seeds,
+        privacy_lines,
     )
     from graphfed.runs import RoundLog, atomic_write_text
+    from graphfed.setup import without_needless_privacy
+    from graphfed.sim.stages import check_privacy_first
 
     _setup_logging(verbose)
     base = _load(config, overrides)
@@ -311,6 +321,7 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
               f"{methods!r}", EXIT_CONFIG)
     _check_out(out)
     configs: dict[str, list[RunConfig]] = {}
+    needless: dict[str, str] = {}
     for label, row_overrides in rows_asked.items():
         data = base.model_dump(mode="json")
         if label in names:  # a method by name: its own options default, the config's when it is the config's method
@@ -320,10 +331,15 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
             if data["method"]["name"] != base.method.name and not any(
                     part.startswith("method.options") for part in row_overrides):
                 data["method"]["options"] = {}  # another method: its own defaults, not the config method's options
+        data, note = without_needless_privacy(data)  # Local releases nothing: it runs without a mechanism
+        if note is not None:
+            needless[label] = note
         configs[label] = []
         for k in range(seeds):
             data["seed"] = base.seed + k
             configs[label].append(validate_config(data))
+    # every row's privacy compatibility before the first run (a refusal after hours of other rows helps nobody)
+    check_privacy_first((label, runs[0]) for label, runs in configs.items())
     names = list(configs)
     planned = {(name, cfg.seed): (cfg, out / name / f"seed{cfg.seed}") for name, runs in configs.items()
                for cfg in runs}
@@ -340,6 +356,8 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
                                                              pack, progress), strict=True))
         summaries[name] = [reused.get((name, cfg.seed)) or ran[cfg.seed] for cfg in runs]
     rows = compare_rows(summaries)
+    for row in rows:
+        row["releases_nothing"] = row["method"] in needless
     metric = rows[0]["metric"]
     dataset = next(iter(summaries.values()))[0].dataset  # a folder's own name (meta.yaml), not "folder"
     attacked = any(row["attacked"] for row in rows)  # the headline is then the honest clients' score
@@ -352,10 +370,16 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
     notes = [f"{name}: {kind} in {count} of {len(results)} seed(s) (each run's summary.json names them)"
              for name, results in summaries.items()
              for kind, count in Counter(flag.split(":")[0] for result in results for flag in result.flags).items()]
+    notes += list(needless.values())
     for note in notes:
         console.print(f"[yellow]note:[/yellow] {note}")
     if notes:
         markdown += "\n" + "".join(f"- note: {note}\n" for note in notes)
+    guarantee = privacy_lines(summaries)
+    for line in guarantee:
+        console.print(line)
+    if guarantee:
+        markdown += "\n" + "".join(f"- {line}\n" for line in guarantee)
     atomic_write_text(out / "compare.csv", comparison_csv(rows))
     if per_client:  # each client, mean ± std over the seeds (clients matched by name), per row of the table
         csv_columns: list[str] = []
@@ -378,6 +402,10 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
     plot_comparison(histories, out / "compare.png", metric, title=dataset)
     console.print(f"table: {out / 'compare.md'} (and compare.csv{', per_client.csv' if per_client else ''}), "
                   f"curves: {out / 'compare.png'}")
+    stopped = [f"{name} seed {run.seed}" for name, results in summaries.items() for run in results if not run.completed]
+    if stopped:  # the other rows ran and are in the table; the exit code says the comparison is incomplete
+        _fail(f"{len(stopped)} run(s) stopped ({', '.join(stopped)}): the table covers the seeds that completed; "
+              f"each stopped run's summary.json says why", EXIT_RUN)
 
 
 def _table(title: str, columns: list[str], cells: list[list[str]]) -> Table:
@@ -558,15 +586,15 @@ def privacy_audit(config: Annotated[Path, typer.Argument(help="YAML run config w
                                                               "seed regenerates")] = False) -> None:
     """Audit CONFIG's privacy mechanism: an epsilon lower bound from canary clients beside the claimed epsilon."""
     from graphfed.client.audit import audit
-    from graphfed.client.privacy import plan_privacy
     from graphfed.data import build_federation
+    from graphfed.setup import privacy_plan, resolve_method
 
     cfg = _load(config, overrides)
     if cfg.privacy.mechanism == "none":
         _fail("privacy.mechanism: none; nothing to audit (set privacy.mechanism and its noise)", EXIT_CONFIG)
     federation = build_federation(cfg.dataset, cfg.seed)  # the plan depends on how many clients train
     train = cfg.train
-    plan = plan_privacy(cfg.privacy, len(federation.train_client_ids), train.clients_per_round, train.rounds)
+    plan = privacy_plan(cfg, federation, resolve_method(cfg))  # the run's own plan
     try:
         result = audit(plan, train.rounds, canaries, seed_attacker=seed_attacker, seed=cfg.seed)
     except ValueError as err:

@@ -132,7 +132,8 @@ def _behaviour_table() -> dict[str, Any]:
         table = json.loads(BEHAVIOUR.read_text())
     except (OSError, ValueError):
         table = {}
-    return {part: dict(table.get(part, {})) for part in ("engines", "legacy", "modules", "checked_on")}
+    return {part: dict(table.get(part, {})) for part in ("engines", "private_engines", "legacy", "modules",
+                                                         "checked_on")}
 
 
 def vouches_checked_on() -> list[str]:
@@ -143,18 +144,25 @@ def vouches_checked_on() -> list[str]:
 
 
 @cache
-def behaviour() -> str:
-    """The engine's behaviour id: the one ``behaviour.json`` vouches for its sources, else its own hash."""
-    engine = engine_hash()
-    return str(_behaviour_table()["engines"].get(engine, engine[:16]))
+def behaviour(private: bool = False) -> str:
+    """The engine's behaviour id: the one ``behaviour.json`` vouches for its sources, else its own hash.
+    ``private``: for a run under client-level DP, whose behaviour a vouch that left the private runs out
+    (``tools/vouch.py --no-privacy``, after a change to the mechanisms) set apart in ``private_engines``."""
+    engine, table = engine_hash(), _behaviour_table()
+    if private and engine in table["private_engines"]:
+        return str(table["private_engines"][engine])
+    return str(table["engines"].get(engine, engine[:16]))
 
 
-def _canonical(recorded: str) -> str:
+def _canonical(recorded: str, private: bool = False) -> str:
     """A recorded behaviour id as today's table names its class: a run recorded its engine's own hash when no vouch
-    named it yet, and a later vouch may have placed that engine in a class."""
-    for engine, named in _behaviour_table()["engines"].items():
-        if engine[:16] == recorded:
-            return str(named)
+    named it yet, and a later vouch may have placed that engine in a class (a private run's in its own, where a
+    vouch set private runs apart)."""
+    table = _behaviour_table()
+    for part in (("private_engines", "engines") if private else ("engines",)):
+        for engine, named in table[part].items():
+            if engine[:16] == recorded:
+                return str(named)
     return recorded
 
 
@@ -227,11 +235,12 @@ def code_provenance() -> dict[str, Any]:
             "dirty": None if status is None else bool(status), "torch": torch.__version__, "cpu": cpu_kernels()}
 
 
-def run_code(roots: Iterable[str]) -> dict[str, Any]:
-    """The code one run ran: its engine's behaviour id, its run-specific modules (reached from ``roots``) with their
-    hashes, and a ``code_id`` over both; beside them :func:`code_provenance`'s version, commit and torch."""
+def run_code(roots: Iterable[str], private: bool = False) -> dict[str, Any]:
+    """The code one run ran: its engine's behaviour id (a private run's: ``private``), its run-specific modules
+    (reached from ``roots``) with their hashes, and a ``code_id`` over both; beside them :func:`code_provenance`'s
+    version, commit and torch."""
     modules = {relative: file_hash(relative) for relative in module_closure(roots)}
-    engine = behaviour()
+    engine = behaviour(private)
     digest = hashlib.sha256(engine.encode() + b"".join(f"\0{path}:{sha}".encode() for path, sha in modules.items()))
     whole = code_provenance()
     return {"code_id": digest.hexdigest()[:16], "behaviour": engine, "modules": modules,
@@ -253,8 +262,8 @@ def stale_reason(recorded: Any, roots: Iterable[str], private: bool = False) -> 
         if private and not legacy.get("scope", {}).get("privacy", True):
             return f"made by code {recorded.get('code_id')}, vouched for runs without privacy only"
         engine, modules = legacy.get("behaviour"), legacy.get("modules", {})
-    if _canonical(str(engine)) != behaviour():
-        return f"the engine behaves otherwise (behaviour {engine}, today {behaviour()})"
+    if _canonical(str(engine), private) != behaviour(private):
+        return f"the engine behaves otherwise (behaviour {engine}, today {behaviour(private)})"
     changed = [path for path in module_closure(roots)
                if _module_class(path, modules.get(path)) != _module_class(path, file_hash(path))]
     return f"{', '.join(changed)} changed" if changed else None

@@ -30,7 +30,7 @@ from graphfed.core.memory import check_fits, fits
 from graphfed.core.params import ParamSpec
 from graphfed.data import DATASETS, build_federation
 from graphfed.data.federation import Federation
-from graphfed.methods import method_class, parse_options
+from graphfed.methods import METHODS, method_class, parse_options
 from graphfed.methods.base import Method, MethodContext, MethodOptions
 from graphfed.models import MODELS, build_model
 from graphfed.models.base import TargetModel
@@ -54,6 +54,29 @@ class MethodSetup:
     def client_rule(self, setting: ClientSetting) -> ClientRule:
         """The method's client side for a network described by ``setting``."""
         return self.cls.client_rule(self.options, setting)
+
+
+def privacy_plan(config: RunConfig, federation: Federation, method: MethodSetup) -> PrivacyPlan:
+    """``privacy:`` of ``config`` resolved for ``federation``: its noise sized for the most releases any client
+    makes (a novel client that adapts makes ``train.novel_adapt_rounds`` uploads)."""
+    train = config.train
+    adapts = bool(len(federation.novel_client_ids)) and method.cls.adapts_novel_clients
+    return plan_privacy(config.privacy, len(federation.train_client_ids), train.clients_per_round, train.rounds,
+                        train.novel_adapt_rounds if adapts else 0)
+
+
+#: what a comparison says of a row whose method releases nothing under a private config
+RELEASES_NOTHING = ("{method} releases nothing (each client trains alone; no update leaves it): it ran without a "
+                    "privacy mechanism, epsilon 0")
+
+
+def without_needless_privacy(data: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """A config's data whose method releases nothing (Local) under a privacy mechanism: the mechanism removed (a
+    run of it would refuse one) and the note that says so; any other config unchanged, with None."""
+    privacy, method = data.get("privacy") or {}, (data.get("method") or {}).get("name")
+    if privacy.get("mechanism", "none") == "none" or method not in METHODS or METHODS[method].communicates:
+        return data, None  # (an unknown method is refused where the config is validated)
+    return {**data, "privacy": {"mechanism": "none"}}, RELEASES_NOTHING.format(method=method)
 
 
 def resolve_method(config: RunConfig) -> MethodSetup:
@@ -155,9 +178,7 @@ class ClientSide:
     @functools.cached_property
     def privacy(self) -> PrivacyPlan:
         """``privacy:`` resolved for this federation: the server and every node compute the same plan."""
-        train = self.config.train
-        return plan_privacy(self.config.privacy, len(self.federation.train_client_ids), train.clients_per_round,
-                            train.rounds)
+        return privacy_plan(self.config, self.federation, self.method)
 
     def executor(self, seed: int, client_ids: torch.Tensor | None = None) -> ClientRuntime | ArchitectureRuntime:
         """Clients in this process (``client_ids``: the ones kept here, default all), grouped by architecture where
@@ -313,4 +334,5 @@ def build_setup(config: RunConfig, federation: Federation | None = None) -> Setu
     return Setup(config, clients, server)
 
 
-__all__ = ["ClientSide", "MethodSetup", "Setup", "build_setup", "client_setting", "resolve_method", "run_roots"]
+__all__ = ["RELEASES_NOTHING", "ClientSide", "MethodSetup", "Setup", "build_setup", "client_setting", "privacy_plan",
+           "resolve_method", "run_roots", "without_needless_privacy"]

@@ -12,7 +12,7 @@ import torch
 
 from graphfed.client.contract import ClientRule, EvaluationTuning, HeadTraining, UpdateForgery, Weights
 from graphfed.client.evaluation import ClientScores, evaluate_clients
-from graphfed.client.privacy import PrivacyPlan, privatize_uploads
+from graphfed.client.privacy import NOISE_LEVERS, PrivacyPlan, privatize_uploads
 from graphfed.client.training import train_clients, validation_feedback
 from graphfed.core import rng
 from graphfed.core.params import ParamSpec
@@ -23,9 +23,11 @@ from graphfed.models.family import ArchitectureFamily
 
 
 def check_update(update: torch.Tensor, client_ids: torch.Tensor, dim: int, round_index: int,
-                 client_names: list[str] | None = None) -> None:
+                 client_names: list[str] | None = None, mechanism: str = "none") -> None:
     """Reject wrong-shaped or non-finite client weights/updates, naming the offending clients (by name when
-    ``client_names`` is given, as every other message does).
+    ``client_names`` is given, as every other message does). Under DP (``mechanism``) the noise is the likely
+    cause of a non-finite update and the message says what lowers it; under central DP the round's cohort is
+    secret, so it names no client.
 
     ``round_index`` is 0-based; messages number rounds from 1, as ``rounds.jsonl`` does.
     """
@@ -35,8 +37,11 @@ def check_update(update: torch.Tensor, client_ids: torch.Tensor, dim: int, round
     bad = ~torch.isfinite(update).all(dim=1)
     if bad.any():
         culprits = [client_names[i] if client_names is not None else str(i) for i in client_ids[bad].tolist()]
-        raise NonFiniteUpdateError(f"round {round_index + 1}: non-finite (NaN/Inf) update from client(s) "
-                                   f"{', '.join(culprits)}")
+        source = ("a client of the round's secret cohort (central DP names none)" if mechanism == "central"
+                  else f"client(s) {', '.join(culprits)}")
+        advice = (f"; under DP the noise the model received is the likely cause: lower it with {NOISE_LEVERS}"
+                  if mechanism != "none" else "")
+        raise NonFiniteUpdateError(f"round {round_index + 1}: non-finite (NaN/Inf) update from {source}{advice}")
 
 
 #: the trainings whose updates leave the client (local DP noises them), with the noise draw's purpose
@@ -194,6 +199,7 @@ class ClientRuntime(ClientExecutor):
         #: ``privacy.mechanism: local``: every upload is clipped and noised here, before it leaves the client, with
         #: noise from the client's own secure source (the seed determines it only under reproducible_noise)
         self.local_privacy = privacy if privacy is not None and privacy.mechanism == "local" else None
+        self.mechanism = privacy.mechanism if privacy is not None else "none"
         self.noise = self.local_privacy.noise_source(seed) if self.local_privacy is not None else None
         self.training = rule.setting.training
         self.device = federation.train.device
@@ -235,7 +241,7 @@ class ClientRuntime(ClientExecutor):
                                                     broadcast)
         metrics.update(fused)
         # before any arithmetic broadcasts it
-        check_update(trained, client_ids, self.spec.dim, round_index, self.federation.client_names)
+        check_update(trained, client_ids, self.spec.dim, round_index, self.federation.client_names, self.mechanism)
         if purpose == "local_training":
             self.store.put(client_ids, new_state)
         if self.training.feedback != "none" and purpose == "local_training":

@@ -162,6 +162,16 @@ class PrivacyPlan:
     reproducible: bool = False  #: noise and coins from the seed (``privacy.reproducible_noise``): protects nothing
     model_selection: str = "last"
     training_clients: int | None = None  #: what the default delta is stated against
+    #: local: the most noised uploads any client makes (a training client's rounds, a novel client's adaptation)
+    novel_rounds: int = 0
+    calibrated: bool = False  #: the noise was calibrated to ``privacy.target_epsilon``
+
+    @property
+    def releases_per_client(self) -> int:
+        """The most releases the guarantee must cover for one client: rounds released (central), or the most
+        noised uploads any client makes (local: ``train.rounds`` for a training client, ``train.novel_adapt_rounds``
+        for a novel one)."""
+        return max(self.rounds, self.novel_rounds) if self.mechanism == "local" else self.rounds
 
     @property
     def sensitivity(self) -> float:
@@ -198,10 +208,21 @@ class PrivacyPlan:
         in (local), or rounds released (central)."""
         return epsilon(self.accountant, self.accounted_multiplier, rounds, self.sampling_rate, self.delta)
 
+    def releases_note(self) -> str:
+        """How many releases of one client the noise was sized for, and why that many."""
+        if self.mechanism == "central":
+            return f"{self.rounds} rounds released (train.rounds), each a Poisson-sampled noised sum"
+        novel = (f", a novel client's adaptation {self.novel_rounds} (train.novel_adapt_rounds)" if self.novel_rounds
+                 else "")
+        return (f"{self.releases_per_client} noised uploads per client, the most any client makes (a training "
+                f"client's at most {self.rounds} (train.rounds){novel})")
+
     def record(self) -> dict[str, Any]:
         delta_note = (f"0.1 / {self.training_clients} training clients (the default: below 1 / clients)"
                       if self.training_clients else "given")
         return {"mechanism": self.mechanism, "clip_norm": self.clip_norm, "noise_multiplier": self.noise_multiplier,
+                "releases_per_client": self.releases_per_client,
+                ("calibrated_for" if self.calibrated else "sized_for"): self.releases_note(),
                 "delta": self.delta, "delta_source": delta_note, "accountant": self.accountant,
                 "neighbours": self.neighbours, "neighbours_meaning": NEIGHBOURS[self.neighbours],
                 "noise": REPRODUCIBLE_WARNING if self.reproducible else SECURE_NOTE,
@@ -223,20 +244,39 @@ class PrivacyPlan:
                            "validation scores (privacy.model_selection=validation)")
         if self.reproducible:
             outside.append("everything: the noise is reproducible from the seed (privacy.reproducible_noise)")
+        if self.active:
+            central = self.mechanism == "central"
+            cohorts = " (under central DP, the union of the secret Poisson cohorts)" if central else ""
+            outside.append(f"checkpoint.pt: the simulator plays every party, so its checkpoint also holds the clients' "
+                           f"side: which clients ever trained{cohorts} and each client's own state (a personal model, "
+                           f"a head, control variates); in a deployment these stay with the clients: do not publish "
+                           f"it")
+            outside.append("models/best.pt: every client's model as it evaluates it, which beyond the server's "
+                           "released model holds what clients computed from their own rows (personal models, "
+                           "fine-tuning): do not publish it")
+        if self.mechanism == "central":
+            outside.append("on Flower, dropped_clients, missed_rounds and drop_counts (summary.json, rounds.jsonl, "
+                           "the ServerApp's log): they name clients of the secret cohorts whose nodes did not reply")
         return outside
 
 
-def plan_privacy(config: PrivacyConfig, num_train_clients: int, clients_per_round: int, rounds: int) -> PrivacyPlan:
+def plan_privacy(config: PrivacyConfig, num_train_clients: int, clients_per_round: int, rounds: int,
+                 novel_rounds: int = 0) -> PrivacyPlan:
     """Resolve ``config`` for a federation of ``num_train_clients`` training clients (the same on the server and
-    on every node: calibration is deterministic)."""
+    on every node: calibration is deterministic). ``novel_rounds``: the noised uploads each novel client makes
+    while it adapts (local DP; 0 when none adapt). A ``target_epsilon`` is met by every client: the noise is
+    calibrated for the most releases any client makes."""
     delta = config.delta if config.delta is not None else 0.1 / num_train_clients
     rate = min(1.0, clients_per_round / num_train_clients) if config.mechanism == "central" else None
     neighbours = config.neighbours or ("add_remove" if config.mechanism == "central" else "zero_out")
     sensitivity = 2.0 if neighbours == "replace_one" else 1.0
+    novel_rounds = novel_rounds if config.mechanism == "local" else 0
     noise = config.noise_multiplier
-    if config.mechanism != "none" and noise is None:
+    calibrated = config.mechanism != "none" and noise is None
+    if calibrated:
         assert config.target_epsilon is not None  # the config's validator asks for one of the two
-        noise = sensitivity * calibrate_noise(config.accountant, config.target_epsilon, rounds, rate, delta)
+        noise = sensitivity * calibrate_noise(config.accountant, config.target_epsilon, max(rounds, novel_rounds),
+                                              rate, delta)
     adaptive = config.adaptive_quantile
     quantile_noise = None
     if adaptive is not None:
@@ -247,9 +287,58 @@ def plan_privacy(config: PrivacyConfig, num_train_clients: int, clients_per_roun
     plan = PrivacyPlan(config.mechanism, config.clip_norm, float(noise or 0.0), delta, config.accountant, rounds,
                        rate, adaptive, config.clip_learning_rate, quantile_noise, neighbours,
                        config.reproducible_noise, config.model_selection,
-                       num_train_clients if config.delta is None else None)
+                       num_train_clients if config.delta is None else None, novel_rounds, calibrated)
     plan.sum_noise_multiplier  # noqa: B018 - a count noise that leaves the sum no budget is an error now
     return plan
+
+
+#: what lowers the noise against what the clients send, for a line that says the noise is too large
+NOISE_LEVERS = ("more clients per round (train.clients_per_round: the noise is divided by the expected cohort), a "
+                "larger privacy.target_epsilon, fewer train.rounds, a smaller privacy.clip_norm (the noise scales "
+                "with it; near the clients' typical update norm) or train.lr, or adaptive clipping "
+                "(privacy.adaptive_quantile)")
+
+
+def release_noise(plan: PrivacyPlan, dim: int, clients_per_round: int) -> float:
+    """The norm of the noise on the mean of the clients' updates the server learns from, per round: central, the
+    sum's noise over the expected cohort; local, the uploads' independent noises averaged over the cohort."""
+    if plan.mechanism == "central":
+        return plan.sum_noise_multiplier * plan.clip_norm * math.sqrt(dim) / clients_per_round
+    return plan.noise_multiplier * plan.clip_norm * math.sqrt(dim / clients_per_round)
+
+
+def noise_statement(plan: PrivacyPlan, dim: int, clients_per_round: int) -> str:
+    """Before round 1: how large the noise on each round's released mean is, against the clip norm."""
+    norm = release_noise(plan, dim, clients_per_round)
+    cohort = "an expected cohort" if plan.mechanism == "central" else "a cohort"
+    return (f"{plan.mechanism} DP: the noise on each round's mean update has norm {norm:.3g} "
+            f"({norm / plan.clip_norm:.3g} x the clip norm {plan.clip_norm:g}; std {norm / math.sqrt(dim):.3g} per "
+            f"weight over {dim:,} weights, {cohort} of {clients_per_round:g} clients, noise multiplier "
+            f"{plan.noise_multiplier:.3g})")
+
+
+def noise_warning(plan: PrivacyPlan, dim: int, clients_per_round: int, rounds: int, weight_rms: float,
+                  typical_norm: float | None = None) -> str | None:
+    """One line when the noise is too large for the model to learn, or None. Either the noise alone moves each
+    weight, over ``rounds`` rounds (as sqrt(rounds)), by more than the weights' own size at the start
+    (``weight_rms``: the model is then mostly noise), or the noise on the means outweighs the most the updates can
+    add up to (rounds x their typical norm, at most the clip; ``typical_norm``: the median measured in round 1,
+    else the clip)."""
+    norm = release_noise(plan, dim, clients_per_round)
+    drift = norm / math.sqrt(dim) * math.sqrt(rounds)
+    signal = plan.clip_norm if typical_norm is None else min(typical_norm, plan.clip_norm)
+    if drift > weight_rms:
+        reason = (f"over {rounds} rounds it moves each weight by {drift:.3g} (std), {drift / weight_rms:.3g} x the "
+                  f"weights' own size at the start ({weight_rms:.3g})")
+    elif norm * math.sqrt(rounds) > rounds * signal:
+        measured = ("the clients' median norm in round 1" if typical_norm is not None
+                    else "the clip norm: the largest a clipped update can be")
+        reason = (f"over {rounds} rounds the noise on the released means adds up to norm "
+                  f"{norm * math.sqrt(rounds):.3g}, more than updates of norm {signal:.3g} ({measured}) can add "
+                  f"up to ({rounds * signal:.3g})")
+    else:
+        return None
+    return f"the noise is too large for the model to learn: {reason}; lower it with {NOISE_LEVERS}"
 
 
 # ---- the mechanisms --------------------------------------------------------------------------------------------

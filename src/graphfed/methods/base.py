@@ -168,8 +168,12 @@ class Method(ABC):
         """Personalised weights used to evaluate ``client_ids`` (default: what would be sent)."""
         return self.personalize(client_ids).detach()
 
+    #: whether novel clients adapt before they are scored (:meth:`adapt_novel`): each then makes
+    #: ``train.novel_adapt_rounds`` uploads, which local DP must count
+    adapts_novel_clients: ClassVar[bool] = False
+
     def supports_novel_adaptation(self) -> bool:
-        return False
+        return self.adapts_novel_clients
 
     def begin_novel_adaptation(self, client_ids: torch.Tensor) -> None:
         """Called once before a series of :meth:`adapt_novel` calls for the same novel clients."""
@@ -252,8 +256,7 @@ class EmbeddingHypernetwork(Method):
     def personalize(self, client_ids: torch.Tensor) -> torch.Tensor:
         return self.weights_from_embeddings(self.embeddings.weight, client_ids)
 
-    def supports_novel_adaptation(self) -> bool:
-        return True
+    adapts_novel_clients = True
 
     def begin_novel_adaptation(self, client_ids: torch.Tensor) -> None:
         self._novel_embeddings = self.embeddings.weight[client_ids].detach().clone().requires_grad_(True)

@@ -62,19 +62,22 @@ def format_value(stats: tuple[float, float] | None, metric: str, n: int | None =
 
 
 def compare_rows(summaries: dict[str, list[RunResult]]) -> list[dict[str, Any]]:
-    """One row per method: mean ± std over seeds of the per-client mean, plus the other columns."""
+    """One row per method: mean ± std over the seeds that completed of the per-client mean, plus the other columns;
+    ``stopped`` counts the seeds that stopped (their summaries say why), ``privacy`` what the runs spent."""
     rows = []
-    for method, runs in summaries.items():
-        metric = runs[0].metric
+    for method, every_run in summaries.items():
+        metric = every_run[0].metric
+        runs = [run for run in every_run if run.completed]
         rows.append({
-            "method": method, "metric": metric, "seeds": len(runs),
+            "method": method, "metric": metric, "seeds": len(runs), "stopped": len(every_run) - len(runs),
+            "privacy": row_privacy(runs),
             "test": _mean_std([r.test_mean for r in runs]),
             "client_std": _mean_std([r.test_std for r in runs]),
             "pooled": _mean_std([r.test_pooled for r in runs]),
             "novel": _mean_std([r.novel_mean for r in runs]),
             "novel_adapted": _mean_std([r.novel_adapted_mean for r in runs]),
-            "wall_seconds": statistics.fmean(r.wall_seconds or 0.0 for r in runs),
-            "mb_up": statistics.fmean(r.bytes_up or 0 for r in runs) / 1e6,
+            "wall_seconds": statistics.fmean([r.wall_seconds or 0.0 for r in runs] or [0.0]),
+            "mb_up": statistics.fmean([r.bytes_up or 0 for r in runs] or [0]) / 1e6,
             # regression with a known target scale only; runs written before these fields existed lack them
             "mae_original_units": _mean_std([r.test_mae_original_units for r in runs]),
             # runs with clients that joined late (train.late_clients): their score at the last round
@@ -98,6 +101,50 @@ def compare_rows(summaries: dict[str, list[RunResult]]) -> list[dict[str, Any]]:
     return rows
 
 
+def row_privacy(runs: Sequence[RunResult]) -> dict[str, Any] | None:
+    """What a row's runs spent: the mechanism, the largest epsilon over its seeds (central: the run's; local: the
+    most any client spent) and delta; None when its runs are not private."""
+    records = [run.privacy for run in runs if run.privacy]
+    if not records:
+        return None
+    spent = [record.get("epsilon", record.get("epsilon_max")) for record in records]
+    return {"mechanism": records[0]["mechanism"], "epsilon": max(value for value in spent if value is not None),
+            "delta": records[0]["delta"]}
+
+
+def privacy_cell(row: dict[str, Any]) -> str:
+    """The comparison's privacy column: what the row spent (``—``: no mechanism; ``0``: it releases nothing)."""
+    if row.get("releases_nothing"):
+        return "ε 0 (releases nothing)"
+    spent = row.get("privacy")
+    if spent is None:
+        return "—"
+    amount = (f"ε ≤ {spent['epsilon']:.3g} per client" if spent["mechanism"] == "local"  # the most any client spent
+              else f"ε {spent['epsilon']:.3g}")
+    return f"{amount} at δ {spent['delta']:.2g} ({spent['mechanism']})"
+
+
+def privacy_lines(summaries: dict[str, list[RunResult]]) -> list[str]:
+    """Under the comparison: each private guarantee once (per row where rows differ), with how delta was chosen,
+    the neighbour relation, and what lies outside the guarantee (once, for every row)."""
+    stated: dict[str, list[str]] = {}
+    outside: list[str] = []
+    for name, runs in summaries.items():
+        record = next((run.privacy for run in runs if run.privacy), None)
+        if record is None:
+            continue
+        sentence = (f"{record['mechanism']} DP at δ = {record['delta']:.2g} ({record.get('delta_source', 'given')}), "
+                    f"{record.get('neighbours_meaning', record.get('neighbours'))}; noise multiplier "
+                    f"{record['noise_multiplier']:.3g}, {record.get('sized_for') or record.get('calibrated_for')}")
+        stated.setdefault(sentence, []).append(name)
+        outside += [item for item in record.get("outside_the_guarantee", []) if item not in outside]
+    if not stated:
+        return []
+    lines = ([f"privacy (every private row): {sentence}" for sentence in stated] if len(stated) == 1 else
+             [f"privacy ({', '.join(names)}): {sentence}" for sentence, names in stated.items()])
+    return lines + [f"outside the guarantee: {item}" for item in outside]
+
+
 def chosen_metrics(runs: Sequence[RunResult]) -> list[str]:
     """The ``train.metrics`` the runs scored, in the order they name them."""
     names: list[str] = []
@@ -113,22 +160,30 @@ def format_score(stats: tuple[float, float] | None, n: int | None = None) -> str
     return f"{stats[0]:.3f} (n=1)" if n == 1 else f"{stats[0]:.3f} ± {stats[1]:.3f}"
 
 
-def headers(metric: str, chosen: Sequence[str] = ()) -> list[str]:
-    """The comparison table's columns, the metric named in the first number column, then ``train.metrics``."""
+def headers(metric: str, chosen: Sequence[str] = (), private: bool = False) -> list[str]:
+    """The comparison table's columns, the metric named in the first number column, then ``train.metrics`` (and
+    what each row spent, in a private comparison)."""
     return ["method", f"test {metric_label(metric)} (mean ± sample std over seeds)", "std over clients", "pooled",
-            *[f"test {name}" for name in chosen], "novel", "novel (adapted)", "wall s", "MB up"]
+            *[f"test {name}" for name in chosen], "novel", "novel (adapted)", *(["privacy"] if private else []),
+            "wall s", "MB up"]
 
 
-def row_cells(row: dict[str, Any], chosen: Sequence[str] = ()) -> list[str]:
+def method_cell(row: dict[str, Any]) -> str:
+    """The row's name, and how many of its seeds stopped (their numbers are left out of the row)."""
+    stopped = row.get("stopped", 0)
+    return row["method"] + (f" ({stopped} of {stopped + row['seeds']} seeds stopped)" if stopped else "")
+
+
+def row_cells(row: dict[str, Any], chosen: Sequence[str] = (), private: bool = False) -> list[str]:
     metric = row["metric"]
     client_std = row["client_std"]
     std_text = "—" if client_std is None else (
         f"{100 * client_std[0]:.2f}" if metric == "accuracy" else f"{client_std[0]:.1e}")
     n = row["seeds"]
-    return [row["method"], format_value(row["test"], metric, n), std_text, format_value(row["pooled"], metric, n),
+    return [method_cell(row), format_value(row["test"], metric, n), std_text, format_value(row["pooled"], metric, n),
             *[format_score(row["chosen"].get(name), n) for name in chosen],
             format_value(row["novel"], metric, n), format_value(row["novel_adapted"], metric, n),
-            f"{row['wall_seconds']:.1f}", f"{row['mb_up']:.2f}"]
+            *([privacy_cell(row)] if private else []), f"{row['wall_seconds']:.1f}", f"{row['mb_up']:.2f}"]
 
 
 def table_metrics(rows: list[dict[str, Any]]) -> list[str]:
@@ -150,7 +205,7 @@ def attack_cells(row: dict[str, Any]) -> list[str]:
     asr = row["asr"]
     asr_text = "—" if asr is None else (f"{100 * asr[0]:.2f} (n=1)" if n == 1 else
                                         f"{100 * asr[0]:.2f} ± {100 * asr[1]:.2f}")
-    return [row["method"], format_value(row["honest"], metric, n), format_value(row["malicious"], metric, n),
+    return [method_cell(row), format_value(row["honest"], metric, n), format_value(row["malicious"], metric, n),
             asr_text, format_value(row["test"], metric, n), f"{row['wall_seconds']:.1f}", f"{row['mb_up']:.2f}"]
 
 
@@ -161,7 +216,8 @@ def comparison(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     if any(row["attacked"] for row in rows):
         return attack_headers(metric), [attack_cells(row) for row in rows]
     chosen = table_metrics(rows)
-    return headers(metric, chosen), [row_cells(row, chosen) for row in rows]
+    private = any(row.get("privacy") or row.get("releases_nothing") for row in rows)
+    return headers(metric, chosen, private), [row_cells(row, chosen, private) for row in rows]
 
 
 def comparison_csv(rows: list[dict[str, Any]]) -> str:

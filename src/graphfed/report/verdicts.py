@@ -151,6 +151,80 @@ def factor_comparison(method: Sequence[float], baseline: Sequence[float], factor
                       None if outcome != "undecided" else seeds_needed(baseline, scaled), factor)
 
 
+#: the tests ``graphfed compare --test`` offers, by name: how each is stated in a table
+TESTS = {"welch": "Welch's two-sided t-test over seeds",
+         "student": "Student's two-sided t-test over seeds (pooled variance)",
+         "mann-whitney": "the two-sided Mann-Whitney U test over seeds"}
+
+
+def p_value(a: Sequence[float], b: Sequence[float], test: str = "welch") -> float:
+    """Two-sided p-value that ``a`` and ``b`` come from the same distribution (mean, for the t-tests) by the test
+    named in :data:`TESTS`; 1.0 when untestable (fewer than two values on a side)."""
+    if test == "welch":
+        return welch_p_value(a, b)
+    if len(a) < 2 or len(b) < 2:
+        return 1.0
+    if test == "student":
+        if sample_std(a) == 0 and sample_std(b) == 0:
+            return 0.0 if fmean(a) != fmean(b) else 1.0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return float(stats.ttest_ind(a, b, equal_var=True).pvalue)
+    if test == "mann-whitney":
+        return float(stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
+    raise ValueError(f"unknown test {test!r}; choose one of {', '.join(TESTS)}")
+
+
+@dataclass(frozen=True)
+class Standing:
+    """One method of a comparison against the best one (the best mean over seeds)."""
+
+    method: str
+    relation: Literal["best", "worse", "undecided", "untested"]  # untested: no score, or the only method
+    mean: float | None
+    n: int
+    p_value: float | None  # against the best, before Holm's correction
+    seeds_needed: int | None  # undecided: seeds per method the observed difference would need (Welch, 80 % power)
+
+    def text(self) -> str:
+        """``best`` / ``worse (p = 0.003)`` / ``undecided (p = 0.41; ~9 seeds would decide)``."""
+        if self.relation in ("best", "untested"):
+            return self.relation
+        shown = f"p = {self.p_value:.2g}" if self.p_value is not None else "untested"
+        if self.relation == "undecided" and self.seeds_needed is not None:
+            shown += f"; ~{self.seeds_needed} seeds would decide"
+        return f"{self.relation} ({shown})"
+
+
+def standings(scores: dict[str, Sequence[float]], higher_is_better: bool,
+              test: str = "welch") -> list[Standing]:
+    """Each method against the best (``scores``: per-seed scores by method): the best's scores tested against each
+    other method's by ``test``, Holm-corrected across those comparisons at ``ALPHA``; a rejected one is *worse*,
+    the others *undecided*, with the seeds per method their observed difference would need. Methods without a
+    score are *untested*."""
+    scored = {name: list(values) for name, values in scores.items() if values}
+    if not scored:
+        return [Standing(name, "untested", None, 0, None, None) for name in scores]
+    pick = max if higher_is_better else min
+    best = pick(scored, key=lambda name: fmean(scored[name]))
+    others = [name for name in scored if name != best]
+    p_values = [p_value(scored[best], scored[name], test) for name in others]
+    rejected = dict(zip(others, holm_rejections(p_values), strict=True))
+    tested = dict(zip(others, p_values, strict=True))
+    result = []
+    for name in scores:
+        values = scored.get(name)
+        if not values:
+            result.append(Standing(name, "untested", None, 0, None, None))
+        elif name == best:
+            result.append(Standing(name, "best" if others else "untested", fmean(values), len(values), None, None))
+        else:
+            worse = rejected[name]
+            result.append(Standing(name, "worse" if worse else "undecided", fmean(values), len(values), tested[name],
+                                   None if worse else seeds_needed(scored[best], values)))
+    return result
+
+
 def verdict(comparisons: Sequence[Comparison]) -> str:
     """holds / does not hold here / partly (...) / inconclusive, from the comparisons of one claim."""
     def name(c: Comparison) -> str:
@@ -184,5 +258,6 @@ def with_seeds_to_decide(verdict_text: str, seeds: int | None) -> str:
     return f"{verdict_text}; ~{seeds} seeds per method would decide the rest"
 
 
-__all__ = ["ALPHA", "TEST_NAME", "Comparison", "compare_against", "factor_comparison", "holm_rejections",
-           "sample_std", "seeds_needed", "seeds_to_decide", "verdict", "welch_p_value", "with_seeds_to_decide"]
+__all__ = ["ALPHA", "TESTS", "TEST_NAME", "Comparison", "Standing", "compare_against", "factor_comparison",
+           "holm_rejections", "p_value", "sample_std", "seeds_needed", "seeds_to_decide", "standings", "verdict",
+           "welch_p_value", "with_seeds_to_decide"]

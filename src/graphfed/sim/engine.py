@@ -28,9 +28,8 @@ from graphfed import runs
 from graphfed.client.evaluation import ClientScores, trivial_scores
 from graphfed.client.executor import ClientExecutor, TrainResult, check_update
 from graphfed.client.metrics import HIGHER_IS_BETTER
-from graphfed.client.metrics import client_metrics as score_metrics
 from graphfed.client.placement import deterministic_algorithms
-from graphfed.client.privacy import PrivacyLedger, ServerGradientPrivacy
+from graphfed.client.privacy import NOISE_LEVERS, PrivacyLedger, ServerGradientPrivacy
 from graphfed.config import ConfigError, RunConfig, dump_config
 from graphfed.core import rng
 from graphfed.data.federation import Federation
@@ -54,7 +53,7 @@ from graphfed.sim.observe import (
 )
 from graphfed.sim.requests import Evaluate, Steps, Train, drive
 from graphfed.sim.result import build_result
-from graphfed.sim.stages import Arrivals, Participation, Traffic, central_release, check_privacy
+from graphfed.sim.stages import Arrivals, NoiseCheck, Participation, Traffic, central_release, check_privacy
 from graphfed.sim.tracking import build_trackers
 
 log = logging.getLogger("graphfed")
@@ -109,6 +108,8 @@ class Simulator:
         if self.privacy.mechanism == "central" and type(self.setup.method).private_server_gradient:
             self.setup.method.server_privacy = ServerGradientPrivacy(
                 self.privacy, self.clients_per_round, self.noise, self.setup.method.server_steps_per_round())
+        self.noise_check = NoiseCheck(self.privacy, self.setup.clients.init_weights, self.clients_per_round,
+                                      config.train.rounds, self.setup.method.server_privacy is None)
         self.participation = Participation(config, self.setup, self.privacy, self.noise, self.clients_per_round)
         self.arrivals = Arrivals(config, self.setup, self.participation.straggler_ids)
         self.traffic = Traffic(self.setup, self.privacy, self.clients_per_round)
@@ -144,7 +145,8 @@ class Simulator:
         sent = method.personalize(client_ids).detach()                                      # send
         broadcast = {name: value.detach() for name, value in method.broadcast(client_ids).items()}
         if not torch.isfinite(sent).all() or not all(torch.isfinite(v).all() for v in broadcast.values()):
-            raise NonFiniteUpdateError(f"round {round_index + 1}: the server produced non-finite weights")
+            advice = f"; under DP the noise is the likely cause: lower it with {NOISE_LEVERS}" * self.privacy.active
+            raise NonFiniteUpdateError(f"round {round_index + 1}: the server produced non-finite weights{advice}")
         tracker.bytes_down += self.traffic.down(client_ids, broadcast)
         result: TrainResult = (                                                             # train
             (yield Train(client_ids, sent, round_index, "local_training", broadcast=broadcast)) if len(client_ids)
@@ -155,7 +157,7 @@ class Simulator:
         if self.config.train.dropout > 0:                                                  # what arrives
             result, lost = self.arrivals.lose(result, round_index)
             tracker.lose(round_index + 1, [names[i] for i in lost], "dropout")
-        check_update(result.delta, result.client_ids, spec.dim, round_index, names)
+        check_update(result.delta, result.client_ids, spec.dim, round_index, names, self.privacy.mechanism)
         started = sent[result.rows]
         if len(self.participation.straggler_ids):
             started, result, lost, late = self.arrivals.stragglers(started, result, round_index)
@@ -168,6 +170,8 @@ class Simulator:
             method.server_privacy.begin_round(round_index)  # central DP inside the method's server step (DP-SGD)
             method.update(result.client_ids, started, result.delta, result.metrics)
         elif central:  # the method learns from the one release; an empty cohort releases the noise alone
+            if (warning := self.noise_check.measure(result.delta)) is not None:
+                log.warning(warning)
             released, next_clip = central_release(result, self.privacy, self.noise, tracker.clip_norm,
                                                   self.clients_per_round, round_index)
             tracker.clip_norm = next_clip if next_clip is not None else tracker.clip_norm
@@ -210,15 +214,6 @@ class Simulator:
         all_ids = torch.arange(self.setup.federation.num_clients, device="cpu")
         return self.executor.evaluate(all_ids, self.setup.method.eval_weights(all_ids), round_index)
 
-    def chosen_metrics(self, split: str) -> dict[str, torch.Tensor]:
-        """``train.metrics`` of every client on ``split``, from the weights the clients just scored with."""
-        if not self.metrics:
-            return {}
-        train = self.config.train
-        return score_metrics(self.setup.model, self.setup.spec, self.executor.evaluated_weights,
-                             getattr(self.setup.federation, split), self.setup.federation.task, self.metrics,
-                             train.threshold, train.precision)
-
     def novel_steps(self) -> Steps[tuple[float | None, float | None]]:
         """Embedding-only adaptation of novel clients (pFedHN Sec. 5.3) on a copy of the method state."""
         method, fed = self.setup.method, self.setup.federation
@@ -239,7 +234,9 @@ class Simulator:
                 result = yield Train(novel_ids, sent, step, "novel")
                 if self.privacy.mechanism == "local":  # noised where they are made, as training uploads are
                     self.ledger.count_uploads(result.client_ids)
-                check_update(result.delta, result.client_ids, self.setup.spec.dim, step, fed.client_names)
+                    self._record_ledger()  # on disk before the next release: an interrupt here still counts it
+                check_update(result.delta, result.client_ids, self.setup.spec.dim, step, fed.client_names,
+                             self.privacy.mechanism)
                 if len(result.client_ids):
                     method.adapt_novel(result.client_ids, sent[result.rows], result.delta)
             scores = yield Evaluate(novel_ids, method.eval_weights(novel_ids), rounds)
@@ -365,7 +362,7 @@ class Simulator:
 
     def _begin(self, resume: bool, claim: runs.RunClaim | None) -> tuple[int, list[dict[str, Any]], list[RunCallback]]:
         """Prepare the run folder (or resume from its checkpoint), say what the run is, build its callbacks. Every
-        refusal (``checkpoint.refusal_to_resume``) comes before ``claim`` starts the run and before any file of
+        refusal (``checkpoint.resume``) comes before ``claim`` starts the run and before any file of
         the folder changes."""
         cfg, fed, method = self.config, self.setup.federation, self.setup.method
         rounds_log = runs.RoundLog(self.out_dir) if self.out_dir else None

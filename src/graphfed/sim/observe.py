@@ -22,6 +22,7 @@ from graphfed import runs
 from graphfed.client.evaluation import ClientScores
 from graphfed.client.executor import ClientExecutor
 from graphfed.client.metrics import BINARY_ONLY, CLASSIFICATION_METRICS, REGRESSION_METRICS
+from graphfed.client.metrics import client_metrics as score_metrics
 from graphfed.client.privacy import REPRODUCIBLE_WARNING
 from graphfed.config import ConfigError, RunConfig
 from graphfed.setup import Setup
@@ -112,6 +113,15 @@ def row_standard_error(scores: ClientScores) -> float | None:
     return float((p * (1 - p) / n).sum().sqrt() / scored.sum())
 
 
+def chosen_metrics(sim: Any, split: str) -> dict[str, torch.Tensor]:
+    """``train.metrics`` of every client on ``split``, from the weights the clients just scored with."""
+    if not sim.metrics:
+        return {}
+    train, fed = sim.config.train, sim.setup.federation
+    return score_metrics(sim.setup.model, sim.setup.spec, sim.executor.evaluated_weights, getattr(fed, split),
+                         fed.task, sim.metrics, train.threshold, train.precision)
+
+
 def evaluation_record(sim: Any, scores: dict[str, ClientScores], round_index: int) -> dict[str, Any]:
     """What an evaluation of every client (``scores``: each split's, from the executor) records: the training
     clients' means and spreads, the novel and late clients', the attack's, ``train.metrics``' and every client's
@@ -167,7 +177,7 @@ def evaluation_record(sim: Any, scores: dict[str, ClientScores], round_index: in
     if len(novel_ids) and scored_novel:
         record["novel_mean"], record["novel_std"] = mean_std(scores["test"].select(novel_ids).metric)
     # every client by name: who gains and who loses (a novel client without a model of its own has no score)
-    per_split = {split: {"": scores[split].metric.cpu(), **sim.chosen_metrics(split)} for split in ("val", "test")}
+    per_split = {split: {"": scores[split].metric.cpu(), **chosen_metrics(sim, split)} for split in ("val", "test")}
     for split, values in per_split.items():
         for metric in sim.metrics:
             record[f"{split}_{metric}_mean"] = mean_std(values[metric][train_ids])[0]
@@ -209,6 +219,10 @@ def announce(sim: Any) -> None:
         log.info(note)
     if sim.privacy.active and sim.privacy.reproducible:
         log.warning(REPRODUCIBLE_WARNING)
+    if sim.noise_check.statement:
+        log.info(sim.noise_check.statement)
+    if sim.noise_check.warning:
+        log.warning(sim.noise_check.warning)
     novel = [fed.client_names[int(i)] for i in fed.novel_client_ids]
     if novel:
         log.info("novel clients (held out of training): %s%s", ", ".join(novel[:20]),

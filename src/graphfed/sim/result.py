@@ -81,7 +81,8 @@ def per_client(sim: Simulator, best: dict[str, Any]) -> dict[str, Any]:
               "min_delta": sim.config.train.min_delta} if sim.stopped_early is not None else None)
     chosen = {metric: {"val_mean": best.get(f"val_{metric}_mean"), "test_mean": best.get(f"test_{metric}_mean")}
               for metric in sim.metrics}
-    return {"per_client": clients, "flags": flags(fed.metric, clients),
+    noise = [sim.noise_check.warning] if sim.noise_check.warning else []  # the pre-flight's: every reader needs it
+    return {"per_client": clients, "flags": flags(fed.metric, clients) + noise,
             "trivial_test_mean": mean_std(sim.trivial[fed.train_client_ids])[0], "stopped_early": early,
             "models_note": sim.models_note, "metrics": chosen or None, "select_by": sim.select_by}
 
@@ -91,7 +92,7 @@ def privacy_record(sim: Simulator) -> dict[str, Any]:
     evaluated): central, epsilon over the noised sums released; local, each client's epsilon over the noised uploads
     it made (novel clients' adaptation included)."""
     plan, ledger = sim.privacy, sim.ledger
-    record = plan.record()
+    record = {**plan.record(), "noise_check": sim.noise_check.record()}
     if plan.mechanism == "central":
         record["rounds_released"] = ledger.central_releases
         record["epsilon"] = plan.epsilon_of_rounds(ledger.central_releases)
@@ -170,7 +171,7 @@ def build_result(sim: Simulator, history: list[dict[str, Any]], status: str,
         "notes": list(setup.method.notes),
         # the code that produced these numbers (its engine's behaviour, its own modules): bench reruns a run whose
         # code changed since, and a report marks it stale
-        "code": run_code(run_roots(cfg)),
+        "code": run_code(run_roots(cfg), private=cfg.privacy.mechanism != "none"),
         # what only the engine that ran the clients knows (Flower: dropped clients, refused nodes)
         **sim.executor.result_fields(),
     })

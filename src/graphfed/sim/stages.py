@@ -13,13 +13,23 @@ A round of :class:`graphfed.sim.engine.Simulator` is, in order:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from graphfed.client.executor import TrainResult
-from graphfed.client.privacy import NoiseSource, PrivacyPlan, next_clip, noised_mean, poisson_sample
+from graphfed.client.privacy import (
+    NoiseSource,
+    PrivacyPlan,
+    next_clip,
+    noise_statement,
+    noise_warning,
+    noised_mean,
+    poisson_sample,
+)
 from graphfed.config import ConfigError, RunConfig
 from graphfed.core import rng
-from graphfed.setup import Setup
+from graphfed.setup import Setup, build_setup
 
 BYTES_PER_VALUE = 4  # float32 on the wire
 
@@ -172,12 +182,49 @@ def central_release(result: TrainResult, plan: PrivacyPlan, noise: NoiseSource, 
     return released, next_clip(result.delta, clip, plan, expected_clients, noise, round_index)
 
 
+class NoiseCheck:
+    """The pre-flight of a private run whose server learns from the mean of the updates: before round 1 it states
+    the noise on each release against the clip (and warns when even updates at the clip could not outweigh it);
+    at the first central release it measures the cohort's median update norm (the trusted server sees the updates)
+    and warns, once, when the noise outweighs what such updates can add up to. Its lines go to the log and to
+    ``summary.json`` (``privacy.noise_check``)."""
+
+    def __init__(self, plan: PrivacyPlan, init_weights: torch.Tensor, clients_per_round: int, rounds: int,
+                 learns_from_mean: bool = True) -> None:
+        self.plan, self.dim, self.cohort, self.rounds = plan, init_weights.numel(), clients_per_round, rounds
+        self.weight_rms = float(init_weights.float().square().mean().sqrt())
+        checked = plan.active and learns_from_mean  # a DP-SGD server's noise is on its own gradient, not a mean
+        self.measured = plan.mechanism != "central" or not checked  # local: the server sees noised uploads only
+        self.statement = noise_statement(plan, self.dim, clients_per_round) if checked else None
+        self.warning = (noise_warning(plan, self.dim, clients_per_round, rounds, self.weight_rms) if checked
+                        else None)
+
+    def measure(self, delta: torch.Tensor) -> str | None:
+        """The warning the first cohort's updates give (None: none, or measured already)."""
+        if self.measured or not len(delta):
+            return None
+        self.measured = True
+        typical = float(torch.linalg.vector_norm(delta.float(), dim=1).median())
+        warning = noise_warning(self.plan, self.dim, self.cohort, self.rounds, self.weight_rms, typical)
+        if warning is not None and warning != self.warning:
+            self.warning = warning
+            return warning
+        return None
+
+    def record(self) -> dict[str, str | None]:
+        return {"statement": self.statement, "warning": self.warning}
+
+
 def check_privacy(config: RunConfig, setup: Setup, privacy: PrivacyPlan) -> None:
     """``privacy:``: every upload the method's server reads is privatised, or the run stops here (one line)."""
     mechanism, method = privacy.mechanism, type(setup.method)
     if mechanism == "none":
         return
     prefix = f"privacy.mechanism={mechanism}: {method.name}"
+    if not method.communicates:
+        raise ConfigError(f"{prefix} releases nothing (each client trains alone; no update leaves it), so it needs no "
+                          f"mechanism and its epsilon is 0: run it with privacy.mechanism=none (compare does so for "
+                          f"it; in a suite, give its cell privacy: {{mechanism: none}})")
     if config.dataset.graph == "knn" and setup.method.reads_client_graph():
         raise ConfigError(f"{prefix} reads the client graph, and dataset.graph=knn builds it from each client's "
                           f"data (mean inputs, label shares) outside the mechanism; use the dataset's given "
@@ -206,4 +253,25 @@ def check_privacy(config: RunConfig, setup: Setup, privacy: PrivacyPlan) -> None
                           f"(and their counts would reveal the private sample)")
 
 
-__all__ = ["BYTES_PER_VALUE", "Arrivals", "Participation", "Traffic", "central_release", "check_privacy", "subset"]
+def privacy_refusal(config: RunConfig) -> str | None:
+    """Why ``config``'s method cannot run under its ``privacy:`` (the line its run would stop with), or None."""
+    if config.privacy.mechanism == "none":
+        return None
+    setup = build_setup(config)
+    try:
+        check_privacy(config, setup, setup.clients.privacy)
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
+def check_privacy_first(rows: Iterable[tuple[str, RunConfig]]) -> None:
+    """Each (label, config)'s privacy compatibility before any run starts (``compare``'s rows, ``bench``'s cells):
+    one ConfigError naming every row that cannot run, so no run is spent on a comparison that cannot finish."""
+    refusals = [f"{label}: {why}" for label, config in rows if (why := privacy_refusal(config)) is not None]
+    if refusals:
+        raise ConfigError("; ".join(refusals))
+
+
+__all__ = ["BYTES_PER_VALUE", "Arrivals", "NoiseCheck", "Participation", "Traffic", "central_release",
+           "check_privacy", "check_privacy_first", "privacy_refusal", "subset"]
