@@ -42,13 +42,13 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/sim_throughput.py
 	$(BIN)/python benchmarks/startup.py
-	$(BIN)/graphfed bench benchmarks/suites/paper.yaml --out benchmarks/results/paper
+	$(BIN)/graphfed bench paper --out benchmarks/results/paper
 	$(BIN)/python benchmarks/aggregation_family.py
 	$(BIN)/python benchmarks/flower_overhead.py
-	$(BIN)/graphfed bench benchmarks/suites/flha.yaml --out benchmarks/results/flha --in-process
+	$(BIN)/graphfed bench flha --out benchmarks/results/flha --in-process
 	$(BIN)/python benchmarks/flha.py refine
 	$(BIN)/python benchmarks/flha.py report
-	$(BIN)/graphfed bench benchmarks/suites/robustness.yaml --out benchmarks/results/robustness --in-process
+	$(BIN)/graphfed bench robustness --out benchmarks/results/robustness --in-process
 	$(BIN)/python benchmarks/robustness.py
 
 # The documentation site into site/ (warnings are errors; tests/test_docs.py builds it too and runs its runnable

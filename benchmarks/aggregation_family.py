@@ -1,6 +1,6 @@
 """FedAGHN, pFedGAT and the personalised-aggregation family on Fashion-MNIST, plus their collaboration graphs.
 
-Runs ``benchmarks/suites/aggregation.yaml`` through ``graphfed bench`` (resumable: finished runs are reused),
+Runs ``src/graphfed/configs/suites/aggregation.yaml`` through ``graphfed bench`` (resumable: finished runs are reused),
 then reads the saved collaboration graphs of the case-study runs and appends to the report:
 
 * FedAGHN on FedAGHN's case-study split: average Self / Similar (same group) / Other weight (its Table 4);
@@ -27,10 +27,10 @@ from graphfed.config import RunConfig
 from graphfed.data import build_federation
 from graphfed.report.collaboration import group_weights, max_deviation_from_uniform
 from graphfed.report.plots import plot_graphs
-from graphfed.suites import Cell, load_suite, suite_cells
+from graphfed.suites import Cell, load_suite, packaged_suites, suite_cells
 
 REPO = Path(__file__).resolve().parent.parent
-SUITE = REPO / "benchmarks" / "suites" / "aggregation.yaml"
+SUITE = packaged_suites()["aggregation"]
 RESULTS = REPO / "benchmarks" / "results" / "aggregation"
 GROUPED = "casestudy"  # suite key of the case-study split (clients in groups of shared classes)
 IID = "iid"  # suite key of the IID split

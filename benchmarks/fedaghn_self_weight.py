@@ -1,7 +1,7 @@
 """Why FedAGHN's learned self weight barely moves here while the paper's halves (issue: reproduction report).
 
 FedAGHN's Table 4 (CIFAR-100) shows the mean self weight p/(1+p) falling from 0.0291 (p = 0.03) to 0.0126 over
-training. On the case-study split (benchmarks/suites/aggregation.yaml, `casestudy`) graphfed's FedAGHN kept it at
+training. On the case-study split (the `aggregation` suite's `casestudy`) graphfed's FedAGHN kept it at
 0.3334 -> 0.3335 (p started at 0.5). This script runs the same cell round by round and records, every round, the
 mean self weight and the mean |change of p|, for:
 
@@ -24,10 +24,10 @@ import torch
 
 from graphfed.provenance import code_provenance
 from graphfed.sim.engine import Simulator
-from graphfed.suites import load_suite, suite_cells
+from graphfed.suites import load_suite, packaged_suites, suite_cells
 
 REPO = Path(__file__).resolve().parent.parent
-SUITE = REPO / "benchmarks" / "suites" / "aggregation.yaml"
+SUITE = packaged_suites()["aggregation"]
 OUT = REPO / "benchmarks" / "results" / "fedaghn_self_weight"
 TUNED = {"init_p": 0.5, "init_q": 5.0}
 PAPER = {"init_p": 0.03, "init_q": 0.5}
@@ -62,7 +62,7 @@ def trace(options: dict[str, Any], rounds: int) -> dict[str, Any]:
 def report(results: dict[str, dict[str, Any]], rounds: int, code: dict[str, Any]) -> str:
     lines = ["# FedAGHN: why the learned self weight barely moves", "",
              "Produced by `.venv/bin/python benchmarks/fedaghn_self_weight.py` (the `casestudy` cell of "
-             f"benchmarks/suites/aggregation.yaml: Fashion-MNIST, 5 groups of 4 clients, every client every round, "
+             f"the aggregation suite: Fashion-MNIST, 5 groups of 4 clients, every client every round, "
              f"server lr 0.005, seed 0, {rounds} rounds) under code id `{code['code_id']}` (git commit "
              f"{code['git_commit']}, torch {code['torch']}).", "",
              "| start | step_scale | sign | self weight p/(1+p): round 1 | last round | relative change | "

@@ -1,10 +1,10 @@
 """FLHA-GHN's experiments (Litany et al., 2022) at a 2-core CPU budget: the leave-one-architecture-out curves and
 the report.
 
-The runs are ``graphfed bench benchmarks/suites/flha.yaml`` cells (resumable, re-run when the code changes), one
+The runs are ``graphfed bench flha`` cells (resumable, re-run when the code changes), one
 directory per section, method and seed under ``results/flha/runs/``; this script adds what a bench cell cannot:
 
-    graphfed bench benchmarks/suites/flha.yaml --out benchmarks/results/flha --in-process   # the runs (hours)
+    graphfed bench flha --out benchmarks/results/flha --in-process   # the runs (hours)
     .venv/bin/python benchmarks/flha.py refine   # Fig. 3: the unseen architecture trained from the GHN's weights
     .venv/bin/python benchmarks/flha.py report   # -> results/flha/report.md (+ plots), from the run directories
 
@@ -25,9 +25,10 @@ from typing import Any
 
 from graphfed.report.suite import StaleOf
 from graphfed.runs import RunResult
+from graphfed.suites import packaged_suites
 
 ROOT = Path(__file__).resolve().parent
-SUITE = ROOT / "suites" / "flha.yaml"
+SUITE = packaged_suites()["flha"]
 RESULTS = ROOT / "results" / "flha"
 ARCHS = ["arch0", "arch1", "arch2", "arch3"]
 BATCH, LR, TOTAL_STEPS = 32, 0.05, 800  # the suite's batch, lr and rounds x local steps
@@ -334,7 +335,7 @@ def render(loaded: tuple[Runs, list[str]] | None = None) -> str:
     gnn_effect = versus(runs, ("t2", "gnn6"), ("t2", "gnn0"), ("With the GNN", "without"))
     arch_header = "| Arch 0 | Arch 1 | Arch 2 | Arch 3 | mean ± std over seeds |"
     lines = ["# FLHA-GHN on a 2-core CPU: the paper's experiments at a reduced budget", "",
-             "Runs: `graphfed bench benchmarks/suites/flha.yaml --out benchmarks/results/flha --in-process` "
+             "Runs: `graphfed bench flha --out benchmarks/results/flha --in-process` "
              "(resumable; `bench.md` is its generic report), then `.venv/bin/python benchmarks/flha.py refine` (the "
              "leave-one-architecture-out curves) and `.venv/bin/python benchmarks/flha.py report` (this file, from "
              "the committed `runs/*/*/seed*/` files alone).", "",

@@ -9,7 +9,7 @@
    (clients batched as a run's calibration chooses) against a sequential per-client loop (the PFLlib / FL-bench /
    Flower way) and the combined-batch floor (one network on every client's batch at once). The issue's targets:
    the pfl-research setting at >= 5x the loop and within 1.3x of the floor.
-3. **projection**: each section of ``benchmarks/suites/paper-gpu.yaml`` (its first method) runs 3 rounds on the
+3. **projection**: each section of the ``paper-gpu`` suite (its first method) runs 3 rounds on the
    device, evaluating after each; the first round plus the steady round times the rest is the projected time per
    run (an upper bound: the real runs evaluate every 5-20 rounds, the projection every round).
 4. **determinism**: a few methods twice with ``train.deterministic`` on and twice off on the device: whether the
@@ -23,7 +23,7 @@
    seeds run one after another and as packs of S = 5, 10, 20 (``graphfed.sim.pack``: every run's clients in one
    batched call per round): runs per hour of the paper's 200 rounds, projected from the steady rounds, and the ratio
    packed over sequential. The issue's target: >= 10x at S = 20. (The paper-budget runs themselves are ``graphfed
-   bench benchmarks/suites/paper-gpu.yaml --datasets fedaghn-cifar10-dir0.1 --methods fedaghn,local --seeds 5``,
+   bench paper-gpu --datasets fedaghn-cifar10-dir0.1 --methods fedaghn,local --seeds 5``,
    which packs each method's seeds and resumes by run.)
 8. **sensitivity** (not in the default parts; any machine, ``--device cpu``): how far one round of each method's
    tiny config moves on the CPU when every op's result is off by a rounding-sized amount (:class:`RoundingNoise`):
@@ -65,7 +65,7 @@ from graphfed.models.base import TargetModel
 from graphfed.provenance import code_provenance
 from graphfed.runs import RoundLog, atomic_write_text
 from graphfed.sim.engine import Simulator
-from graphfed.suites import load_suite, suite_cells
+from graphfed.suites import load_suite, packaged_suites, suite_cells
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -245,7 +245,7 @@ def profile(device: torch.device, quick: bool, record: Callable[[dict[str, Any]]
     work = device_workload("pfl-cifar10", device, quick)
     model = calibrated_model(work)
     runs: dict[str, Callable[[], Any]] = {"pfl-cifar10": lambda: cnn_throughput.run_graphfed(work, model)}
-    suite = load_suite(HERE / "suites" / "paper-gpu.yaml")
+    suite = load_suite(packaged_suites()["paper-gpu"])
     section = "panacea-metr-la" if quick else "fedaghn-cifar10-dir0.1"
     cell = next(iter(suite_cells(suite, [section], [suite.datasets[section].methods[0]], seeds=1)))
     overrides = ["train.rounds=3", f"train.device={device}", f"train.local_steps={2 if quick else 20}",
@@ -301,7 +301,7 @@ def projection(device: torch.device, quick: bool, sections: list[str] | None,
     """Three rounds of each section's first method, evaluated every round: the first round (CUDA's warm-up and
     cuDNN's algorithm search land there) and the steady round after it, projected to the section's rounds. A
     section whose data this machine lacks is recorded as skipped, with the reason."""
-    suite = load_suite(HERE / "suites" / "paper-gpu.yaml")
+    suite = load_suite(packaged_suites()["paper-gpu"])
     for key, section in suite.datasets.items():
         if (quick and key != "panacea-metr-la") or (sections and key not in sections):
             continue
@@ -334,7 +334,7 @@ def pack(device: torch.device, quick: bool, record: Callable[[dict[str, Any]], N
     packed: each size runs 3 rounds (the first one warms up), the steady round projected to the section's rounds."""
     from graphfed.sim.pack import Pack
 
-    suite = load_suite(HERE / "suites" / "paper-gpu.yaml")
+    suite = load_suite(packaged_suites()["paper-gpu"])
     key = "fedaghn-cifar10-dir0.1"
     cell = next(cell for cell in suite_cells(suite, [key], ["fedaghn"], seeds=1))
     rounds = cell.config.train.rounds

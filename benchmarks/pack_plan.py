@@ -23,7 +23,7 @@ from graphfed.provenance import code_provenance
 from graphfed.runs import atomic_write_text
 from graphfed.sim.engine import Simulator
 from graphfed.sim.pack import pack_refusal
-from graphfed.suites import load_suite, suite_cells
+from graphfed.suites import load_suite, packaged_suites, suite_cells
 
 ROOT = Path(__file__).resolve().parent
 OUT = ROOT / "results" / "pack_plan.json"
@@ -36,7 +36,7 @@ def recorded_seconds(directory: Path) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", type=Path, default=ROOT / "suites" / "paper.yaml")
+    parser.add_argument("--suite", type=Path, default=packaged_suites()["paper"])
     parser.add_argument("--runs", type=Path, default=ROOT / "results" / "paper", help="the suite's --out")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()

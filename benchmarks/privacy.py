@@ -1,6 +1,6 @@
 """The privacy-utility report: what client-level DP costs each method, from the committed runs of the suite.
 
-    .venv/bin/graphfed bench benchmarks/suites/privacy.yaml --out benchmarks/results/privacy --in-process
+    .venv/bin/graphfed bench privacy --out benchmarks/results/privacy --in-process
     .venv/bin/python benchmarks/privacy_audit.py    # the audit -> results/privacy/audit.json (a few minutes)
     .venv/bin/python benchmarks/privacy.py          # -> results/privacy/report.md, plots/*.png
 
@@ -26,9 +26,10 @@ import yaml
 from graphfed.report.suite import current_code_id
 from graphfed.report.verdicts import TEST_NAME, compare_against, sample_std
 from graphfed.runs import RunResult, read_result
+from graphfed.suites import packaged_suites
 
 ROOT = Path(__file__).resolve().parent
-SUITE = ROOT / "suites" / "privacy.yaml"
+SUITE = packaged_suites()["privacy"]
 RESULTS = ROOT / "results" / "privacy"
 EPSILONS = (1, 2, 4, 8)
 MECHANISMS = ("local", "central")

@@ -1,7 +1,7 @@
 """The privacy audit beside the privacy study's claims: an epsilon lower bound per mechanism that a broken mechanism
 would exceed (``graphfed.client.audit``: canary clients, each an independent trial, Clopper-Pearson at 95 %).
 
-The audited plans are the study's (``benchmarks/suites/privacy.yaml``: clip 1.0, delta 1e-3, FL-60's 60 training
+The audited plans are the study's (the ``privacy`` suite: clip 1.0, delta 1e-3, FL-60's 60 training
 clients, 24 per round, 100 rounds, the noise calibrated to each target epsilon), run through graphfed's own
 mechanism code. Rows:
 

@@ -2,7 +2,7 @@
 
 The runs come from the suite (resumable; each cell a directory ``runs/<cell>/<method>/seed<k>``):
 
-    .venv/bin/graphfed bench benchmarks/suites/robustness.yaml --out benchmarks/results/robustness
+    .venv/bin/graphfed bench robustness --out benchmarks/results/robustness
     .venv/bin/python benchmarks/robustness.py        # -> results/robustness/report.md and plots/*.png
 
 This script reads only the committed ``summary.json`` files, so the report is regenerated exactly from them
@@ -32,9 +32,10 @@ from graphfed.report.verdicts import (
 )
 from graphfed.report.verdicts import verdict as verdict_of
 from graphfed.runs import RunResult, read_result
+from graphfed.suites import packaged_suites
 
 ROOT = Path(__file__).resolve().parent
-SUITE = ROOT / "suites" / "robustness.yaml"
+SUITE = packaged_suites()["robustness"]
 RESULTS = ROOT / "results" / "robustness"
 RATIOS = (0, 10, 20, 30, 40, 50)
 #: what each sweep is called in the report and in its plot's file name
@@ -358,7 +359,7 @@ def render() -> str:
     data = suite()
     methods = sweep_methods(data)
     lines = ["# Robustness to malicious clients: model poisoning, label flipping, a Blended backdoor", "",
-             "Produced by `graphfed bench benchmarks/suites/robustness.yaml --out benchmarks/results/robustness` "
+             "Produced by `graphfed bench robustness --out benchmarks/results/robustness` "
              "(resumable; this run used `--in-process` and two workers split by `--datasets`) and "
              "`python benchmarks/robustness.py`, which writes this file from the committed `runs/*/*/seed*/"
              "summary.json` alone.", "",

@@ -20,10 +20,11 @@ from graphfed.config import ConfigError
 from graphfed.report import suite as suite_report
 from graphfed.runs import RunResult
 from graphfed.sim.engine import run_config
-from graphfed.suites import Cell, Suite, load_suite, suite_cells
+from graphfed.suites import Cell, Suite, load_suite, packaged_suites, suite_cells
 
-SMOKE = Path(__file__).parents[1] / "benchmarks" / "suites" / "smoke.yaml"
-PAPER = Path(__file__).parents[1] / "benchmarks" / "suites" / "paper.yaml"
+SMOKE = packaged_suites()["smoke"]
+PAPER = packaged_suites()["paper"]
+BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
@@ -262,7 +263,7 @@ def test_unknown_dataset_filter_names_the_suite_keys() -> None:
 def test_robustness_suite_covers_the_issue_grid() -> None:
     """Model poisoning 0-50 % on FL-60 and Fashion-MNIST for the eight methods, label flipping at 30/40 %, the
     backdoor with and without Simple-Tuning for Table V's six methods; 10 seeds; its own report name."""
-    suite = load_suite(Path(__file__).parents[1] / "benchmarks" / "suites" / "robustness.yaml")
+    suite = load_suite(packaged_suites()["robustness"])
     assert suite.report == "bench.md"
     cells = suite_cells(suite)
     sweep = {"panacea", "panacea-gn", "pfedhn", "fedavg", "fedavg-median", "ditto", "fedaghn", "pfedgat"}
@@ -539,7 +540,7 @@ def test_the_paper_report_tables_are_regenerated_from_the_committed_runs() -> No
     what the report writer makes of the committed run directories: no hand-edited number."""
     from graphfed.report.suite import verdict_table
 
-    out = PAPER.parents[1] / "results" / "paper"
+    out = BENCHMARKS / "results" / "paper"
     suite, _, body, tables = _regenerated_body(PAPER, out)
     committed = (out / "report.md").read_text()
     assert committed.endswith(body)
@@ -554,7 +555,7 @@ def test_the_aggregation_report_is_regenerated_from_the_committed_runs_graphs_in
     collaboration-graph appendix make of the committed runs: no hand-edited number, and no rewrite by
     ``graphfed bench --report-only`` alone, which leaves the appendix out."""
     spec = importlib.util.spec_from_file_location("aggregation_family",
-                                                  PAPER.parents[1] / "aggregation_family.py")
+                                                  BENCHMARKS / "aggregation_family.py")
     assert spec is not None and spec.loader is not None
     family = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(family)

@@ -361,7 +361,7 @@ def _flha_script() -> ModuleType:
 
 
 def test_the_flha_suite_holds_the_papers_experiments_at_three_seeds() -> None:
-    """``benchmarks/suites/flha.yaml``: Table 1 at three data shares with the paper's five rows, and the cells the
+    """The ``flha`` suite: Table 1 at three data shares with the paper's five rows, and the cells the
     report reads, each at 3 seeds; the left-out architecture is the same client under every seed."""
     from graphfed.suites import load_suite, suite_cells
 

@@ -11,7 +11,7 @@ from scipy import stats
 
 from graphfed.report.suite import claim_verdict, verdict_table
 from graphfed.report.verdicts import holm_rejections, seeds_needed, welch_p_value
-from graphfed.suites import Claim, load_suite
+from graphfed.suites import Claim, load_suite, packaged_suites
 
 
 def _row(method: str, values: list[float], metric: str = "accuracy", column: str = "test") -> dict:
@@ -104,7 +104,7 @@ def test_the_committed_paper_report_states_its_counts_and_cites_every_claim() ->
     verdicts = text[text.index("## Verdicts"):]
     assert verdicts.splitlines()[2].endswith(".") and "claims: " in verdicts.splitlines()[2]
     rows = [line for line in verdicts.splitlines() if line.startswith("| ") and "| seed 0" in line]
-    suite = load_suite(out.parents[1] / "suites" / "paper.yaml")
+    suite = load_suite(packaged_suites()["paper"])
     assert len(rows) == len(suite.claims)
     payload = json.loads((out / "report.json").read_text())
     assert len(payload["verdicts"]) == len(suite.claims)
@@ -131,3 +131,43 @@ def test_seeds_needed_gives_the_stated_power_when_the_observed_spreads_are_true(
 
     assert 0.75 <= power(n) <= 0.86
     assert power(max(2, n // 2)) < 0.6
+
+
+@pytest.mark.parametrize("test", ["welch", "student", "mann-whitney"])
+def test_a_comparisons_standings_are_scipys_tests_with_holm_against_the_best(test: str) -> None:
+    """Planted per-seed scores: one method clearly better, one tied with it, one between. The standings name the
+    best, test it against each other method with scipy's test of that name, correct by Holm across the
+    comparisons, and call the rejected ones worse and the others undecided with the seeds they would need."""
+    from scipy import stats
+
+    from graphfed.report.verdicts import standings
+
+    scores = {"clear": [0.90, 0.91, 0.92, 0.905, 0.915], "tied": [0.905, 0.90, 0.915, 0.92, 0.91],
+              "behind": [0.60, 0.62, 0.61, 0.59, 0.605], "no score": []}
+    ranked = {standing.method: standing for standing in standings(scores, higher_is_better=True, test=test)}
+    best = "clear" if sum(scores["clear"]) >= sum(scores["tied"]) else "tied"
+    other = "tied" if best == "clear" else "clear"
+    scipy_test = {"welch": lambda a, b: stats.ttest_ind(a, b, equal_var=False).pvalue,
+                  "student": lambda a, b: stats.ttest_ind(a, b, equal_var=True).pvalue,
+                  "mann-whitney": lambda a, b: stats.mannwhitneyu(a, b, alternative="two-sided").pvalue}[test]
+    p_other, p_behind = scipy_test(scores[best], scores[other]), scipy_test(scores[best], scores["behind"])
+    assert ranked[best].relation == "best" and ranked["no score"].relation == "untested"
+    assert ranked[other].p_value == pytest.approx(p_other) and ranked["behind"].p_value == pytest.approx(p_behind)
+    # Holm over the two comparisons: the smaller p against 5 % / 2, then the larger against 5 %
+    assert p_behind <= 0.025 and ranked["behind"].relation == "worse" and ranked["behind"].seeds_needed is None
+    assert p_other > 0.05 and ranked[other].relation == "undecided"
+    assert ranked[other].text().startswith(f"undecided (p = {p_other:.2g}")
+
+
+def test_holm_keeps_a_difference_significant_alone_undecided_among_several() -> None:
+    """p = 0.045 against the best decides alone (5 %) but not as the smallest of two comparisons (Holm's first step
+    asks 5 % / 2), when the other comparison (a method tied with the best) is no rejection."""
+    from graphfed.report.verdicts import standings
+
+    best, close = [1.0, 1.1, 1.2, 1.05], [0.8, 1.0, 1.0, 0.9]
+    alone = {s.method: s for s in standings({"best": best, "close": close}, True)}
+    pair = {s.method: s for s in standings({"best": best, "close": close, "tied": [1.02, 1.08, 1.15, 1.1]}, True)}
+    p = alone["close"].p_value
+    assert p is not None and 0.025 < p < 0.05 and pair["tied"].relation == "undecided"
+    assert alone["close"].relation == "worse" and pair["close"].relation == "undecided"
+    assert pair["close"].seeds_needed is not None and pair["close"].seeds_needed > 4

@@ -111,6 +111,12 @@ def exercise(venv: Path, work: Path, log: list[str]) -> None:
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     small = ["--set", "train.rounds=2", "--set", "train.eval_every=1", "--set", "train.local_steps=2"]
     run([graphfed, "--help"], work, env, log=log)
+    version = run([graphfed, "--version"], work, env, log=log)
+    if not version.stdout.startswith("graphfed ") or "unknown" in version.stdout:
+        raise CheckFailed(f"graphfed --version printed {version.stdout!r}")
+    plan = run([graphfed, "bench", "smoke", "--out", "runs/smoke", "--plan"], work, env, log=log)  # a suite by name
+    if "smoke" not in plan.stdout or (work / "runs" / "smoke").exists():
+        raise CheckFailed("graphfed bench smoke --plan did not plan the packaged suite (or wrote something)")
     listing = run([graphfed, "list"], work, env, log=log)
     if "panacea" not in listing.stdout:
         raise CheckFailed("graphfed list does not name panacea")

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-SUITES = ROOT / "benchmarks" / "suites"
+SUITES = ROOT / "src" / "graphfed" / "configs" / "suites"
 #: the reports that are pages of the site (folder under benchmarks/results -> page title in the navigation)
 REPORTS = {"paper": "Reproduction report", "baselines": "Baselines", "aggregation": "Personalised aggregation",
            "robustness": "Robustness", "flha": "FLHA-GHN", "privacy": "Privacy", "pfl_cifar10": "pfl-research CIFAR-10",

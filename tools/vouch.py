@@ -53,6 +53,17 @@ def kernels_of(path: dict[str, str]) -> str:
                           capture_output=True, text=True, check=True).stdout.strip()
 
 
+def revision_hashes(source: Path) -> tuple[str, str, dict[str, str]]:
+    """(engine hash, code id, run-specific module hashes) of the sources under ``source``, computed by their own
+    ``graphfed.provenance``: a revision's behaviour table is keyed by the hashes its own rules computed."""
+    code = ("import json; from graphfed import provenance as p; "
+            "print(json.dumps([p.engine_hash(), p.source_hash()[:16], p.specific_hashes()]))")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(source)},
+                          capture_output=True, text=True, check=True)
+    engine, legacy_id, modules = json.loads(done.stdout.splitlines()[-1])
+    return engine, legacy_id, modules
+
+
 def run_suite(source: Path, out: Path, no_privacy: bool, path: dict[str, str]) -> None:
     env = {**os.environ, "PYTHONPATH": str(source), **path}
     command = [sys.executable, str(ROOT / "tools" / "vouch_suite.py"), "--out", str(out),
@@ -112,13 +123,12 @@ def main() -> int:
                 unshared += on_path[1]
                 compared += len(old)
             old_table = old_root / "behaviour.json"
-            old_engine = provenance.engine_hash(old_root)
+            # REV's hashes as REV's own code computes them (its rules for what is engine may differ from today's)
+            old_engine, legacy_id, modules = revision_hashes(tree / "src")
             old_vouches = json.loads(old_table.read_text()) if old_table.is_file() else {}
             old_behaviour = old_vouches.get("engines", {}).get(old_engine, old_engine[:16])
             old_module_classes = old_vouches.get("modules", {})
-            legacy_id = provenance.source_hash(old_root)[:16]
             records_modules = "def run_code(" in (old_root / "provenance.py").read_text()
-            modules = provenance.specific_hashes(old_root)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
     print(f"{compared} runs compared on {len(KERNEL_PATHS)} kernel paths ({', '.join(KERNEL_PATHS)}); fields only one "

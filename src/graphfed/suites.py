@@ -27,6 +27,7 @@ Every cell is a validated :class:`RunConfig`; :func:`suite_cells` checks them al
 
 from __future__ import annotations
 
+import importlib.resources
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,8 +177,31 @@ def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def packaged_suites() -> dict[str, Path]:
+    """The suites shipped inside the package, by name (``smoke``, ``paper``, ...): they work from an installed
+    wheel anywhere; ``graphfed bench NAME`` runs one."""
+    folder = Path(str(importlib.resources.files("graphfed") / "configs" / "suites"))
+    return {path.stem: path for path in sorted(folder.glob("*.yaml"))} if folder.is_dir() else {}
+
+
+def resolve_suite(path: str | Path) -> Path:
+    """``path`` when it is a file; else the packaged suite it names (``smoke``, ``smoke.yaml``, and the path the
+    docs used before the suites were packaged, ``benchmarks/suites/smoke.yaml``), so the docs' commands work from an
+    installed wheel in an empty folder; else ConfigError naming the packaged suites."""
+    given = Path(path)
+    if given.is_file():
+        return given
+    found = packaged_suites().get(given.stem if given.suffix in (".yaml", ".yml") else given.name)
+    if found is None:
+        raise ConfigError(f"suite file not found: {given}; give a suite YAML, or the name of a packaged suite: "
+                          f"{', '.join(packaged_suites()) or 'none installed'}")
+    return found
+
+
 def load_suite(path: Path) -> Suite:
-    """Read and validate a suite file; ConfigError with one line naming the file and the field."""
+    """Read and validate a suite file (or a packaged suite by name, :func:`resolve_suite`); ConfigError with one
+    line naming the file and the field."""
+    path = resolve_suite(path)
     data = read_yaml_mapping(path, "suite file")
     try:
         suite = Suite.model_validate(data)
@@ -229,4 +253,4 @@ def suite_cells(suite: Suite, datasets: list[str] | None = None, methods: list[s
 
 
 __all__ = ["Cell", "Claim", "PaperReference", "Suite", "SuiteDataset", "Variant", "check_safe_name", "load_suite",
-           "suite_cells"]
+           "packaged_suites", "resolve_suite", "suite_cells"]

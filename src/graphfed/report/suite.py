@@ -19,7 +19,7 @@ import torch
 from graphfed import runs
 from graphfed.provenance import code_provenance, cpu_kernels, vouches_checked_on
 from graphfed.report.plots import plot_comparison
-from graphfed.report.tables import compare_rows, format_value, metric_note, row_cells
+from graphfed.report.tables import add_standings, compare_rows, format_value, metric_note, row_cells
 from graphfed.report.tables import headers as table_headers
 from graphfed.report.verdicts import (
     TEST_NAME,
@@ -83,6 +83,7 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
               for method in methods}
     not_run = [method for method in methods if not completed[method] and not failed[method]]
     rows = compare_rows({method: runs for method, runs in completed.items() if runs})
+    add_standings(rows)  # each row against the section's best: the test compare prints
     # runs made by code that changed since: marked in the table and listed under it, never mixed silently
     stale_of = stale_of or _current
     stale = {method: [why for s in runs if (why := stale_of(key, method, s))]

@@ -72,6 +72,8 @@ def compare_rows(summaries: dict[str, list[RunResult]]) -> list[dict[str, Any]]:
             "method": method, "metric": metric, "seeds": len(runs), "stopped": len(every_run) - len(runs),
             "privacy": row_privacy(runs),
             "test": _mean_std([r.test_mean for r in runs]),
+            # each run's trivial predictors (majority class / mean target of each client's training rows)
+            "trivial": _mean_std([r.trivial_test_mean for r in runs]),
             "client_std": _mean_std([r.test_std for r in runs]),
             "pooled": _mean_std([r.test_pooled for r in runs]),
             "novel": _mean_std([r.novel_mean for r in runs]),
@@ -161,11 +163,12 @@ def format_score(stats: tuple[float, float] | None, n: int | None = None) -> str
 
 
 def headers(metric: str, chosen: Sequence[str] = (), private: bool = False) -> list[str]:
-    """The comparison table's columns, the metric named in the first number column, then ``train.metrics`` (and
-    what each row spent, in a private comparison)."""
-    return ["method", f"test {metric_label(metric)} (mean ± sample std over seeds)", "std over clients", "pooled",
-            *[f"test {name}" for name in chosen], "novel", "novel (adapted)", *(["privacy"] if private else []),
-            "wall s", "MB up"]
+    """The comparison table's columns, the metric named in the first number column, the trivial predictor and the
+    standing against the best beside it, then ``train.metrics`` (and what each row spent, in a private
+    comparison)."""
+    return ["method", f"test {metric_label(metric)} (mean ± sample std over seeds)", "trivial predictor",
+            "against the best", "std over clients", "pooled", *[f"test {name}" for name in chosen], "novel",
+            "novel (adapted)", *(["privacy"] if private else []), "wall s", "MB up"]
 
 
 def method_cell(row: dict[str, Any]) -> str:
@@ -180,10 +183,82 @@ def row_cells(row: dict[str, Any], chosen: Sequence[str] = (), private: bool = F
     std_text = "—" if client_std is None else (
         f"{100 * client_std[0]:.2f}" if metric == "accuracy" else f"{client_std[0]:.1e}")
     n = row["seeds"]
-    return [method_cell(row), format_value(row["test"], metric, n), std_text, format_value(row["pooled"], metric, n),
+    test = format_value(row["test"], metric, n) + (" (below trivial)" if below_trivial(row) else "")
+    standing = row.get("standing")
+    return [method_cell(row), test, format_value(row["trivial"], metric, n),
+            standing.text() if standing is not None else "—", std_text, format_value(row["pooled"], metric, n),
             *[format_score(row["chosen"].get(name), n) for name in chosen],
             format_value(row["novel"], metric, n), format_value(row["novel_adapted"], metric, n),
             *([privacy_cell(row)] if private else []), f"{row['wall_seconds']:.1f}", f"{row['mb_up']:.2f}"]
+
+
+#: the error metrics (lower is better); every other headline metric is a score (``client.metrics.HIGHER_IS_BETTER``,
+#: which imports torch: the tables are read by commands that must not)
+LOWER_IS_BETTER = frozenset({"mse", "rmse", "mae"})
+
+
+def higher_is_better(metric: str) -> bool:
+    return metric not in LOWER_IS_BETTER
+
+
+def below_trivial(row: dict[str, Any]) -> bool:
+    """Whether the row's trained clients score worse, on average over its seeds, than their trivial predictors."""
+    test, trivial = row.get("test"), row.get("trivial")
+    if test is None or trivial is None:
+        return False
+    return test[0] < trivial[0] if higher_is_better(row["metric"]) else test[0] > trivial[0]
+
+
+def add_standings(rows: list[dict[str, Any]], test: str = "welch") -> None:
+    """Each row's standing against the best row (``row["standing"]``, :func:`graphfed.report.verdicts.standings`
+    over the rows' per-seed test scores): the statistics ``graphfed bench``'s verdicts use, in one place."""
+    from graphfed.report.verdicts import standings  # scipy: only when a comparison is tested
+
+    if not rows:
+        return
+    higher = higher_is_better(rows[0]["metric"])
+    ranked = standings({row["method"]: row["per_seed"]["test"] for row in rows}, higher, test)
+    for row, standing in zip(rows, ranked, strict=True):
+        row["standing"] = standing
+
+
+def verdict_lines(rows: list[dict[str, Any]], test: str = "welch") -> list[str]:
+    """Under the table: how the standings were decided, and one line per row whose trained clients score below
+    their trivial predictors (what to check first)."""
+    from graphfed.report.verdicts import ALPHA, TESTS
+
+    tested = [row for row in rows if row.get("standing") is not None and row["standing"].relation != "untested"]
+    lines = []
+    if tested:
+        lines.append(f"against the best: {TESTS[test]} of the best row's per-seed scores against each other row's, "
+                     f"Holm-corrected across the {len(tested) - 1} comparison(s) at {100 * ALPHA:g} %; an undecided "
+                     f"row says how many seeds per method its observed difference would need (Welch, 80 % power at "
+                     f"{100 * ALPHA:g} % over the comparisons)")
+    for row in rows:
+        if below_trivial(row):
+            metric, n = row["metric"], row["seeds"]
+            lines.append(f"{row['method']}: its trained clients score below their trivial predictors "
+                         f"({format_value(row['test'], metric, n)} against {format_value(row['trivial'], metric, n)}): "
+                         f"the model learned less than predicting each client's training "
+                         f"{'majority class' if higher_is_better(metric) else 'mean'}; check the features' "
+                         f"scales (graphfed inspect flags them; dataset.standardize: client fixes them)")
+    return lines
+
+
+def standings_json(rows: list[dict[str, Any]], test: str = "welch") -> dict[str, Any]:
+    """The comparison's verdicts as data (``verdicts.json`` beside ``compare.md``)."""
+    from graphfed.report.verdicts import ALPHA, TESTS
+
+    return {"test": TESTS[test], "correction": "Holm across the comparisons with the best", "alpha": ALPHA,
+            "rows": [{"method": row["method"], "metric": row["metric"], "seeds": row["seeds"],
+                      "stopped": row.get("stopped", 0), "mean": None if row["test"] is None else row["test"][0],
+                      "std": None if row["test"] is None else row["test"][1],
+                      "trivial_mean": None if row["trivial"] is None else row["trivial"][0],
+                      "below_trivial": below_trivial(row),
+                      "against_the_best": None if row.get("standing") is None else row["standing"].relation,
+                      "p_value": None if row.get("standing") is None else row["standing"].p_value,
+                      "seeds_needed": None if row.get("standing") is None else row["standing"].seeds_needed}
+                     for row in rows]}
 
 
 def table_metrics(rows: list[dict[str, Any]]) -> list[str]:
@@ -223,7 +298,7 @@ def comparison(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
 def comparison_csv(rows: list[dict[str, Any]]) -> str:
     """The comparison as numbers (mean and sample std in their own columns; fractions for accuracy)."""
     chosen = table_metrics(rows)
-    stats = ["test", "pooled", "novel", "novel_adapted", "honest", "malicious", "asr"]
+    stats = ["test", "trivial", "pooled", "novel", "novel_adapted", "honest", "malicious", "asr"]
     columns = ["method", "seeds", *[f"{key}_{part}" for key in stats for part in ("mean", "std")],
                *[f"{m}_{part}" for m in chosen for part in ("mean", "std")], "wall_seconds", "mb_up"]
 

@@ -57,9 +57,9 @@ def welch_p_value(a: Sequence[float], b: Sequence[float]) -> float:
         return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
 
 
-def seeds_needed(a: Sequence[float], b: Sequence[float]) -> int | None:
+def seeds_needed(a: Sequence[float], b: Sequence[float], alpha: float = ALPHA) -> int | None:
     """Seeds per method at which the observed difference of means would be detected with 80 % power by the same
-    two-sided Welch test at 5 %, taking the observed spreads as the truth: the smallest n with
+    two-sided Welch test at ``alpha`` (5 %), taking the observed spreads as the truth: the smallest n with
     n >= (t_crit + t_power)^2 (s_a^2 + s_b^2) / d^2, both t quantiles at Welch-Satterthwaite's degrees of freedom
     for n seeds per method. None when the means are equal (no number of seeds decides a zero difference) or a
     side has one value (no spread to plan with)."""
@@ -74,7 +74,7 @@ def seeds_needed(a: Sequence[float], b: Sequence[float]) -> int | None:
 
     def enough(n: int) -> bool:
         df = (var_a + var_b) ** 2 / ((var_a ** 2 + var_b ** 2) / (n - 1))
-        t = stats.t.ppf(1 - ALPHA / 2, df) + stats.t.ppf(POWER, df)
+        t = stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(POWER, df)
         return n >= t * t * (var_a + var_b) / difference ** 2
 
     if enough(2):
@@ -184,7 +184,8 @@ class Standing:
     mean: float | None
     n: int
     p_value: float | None  # against the best, before Holm's correction
-    seeds_needed: int | None  # undecided: seeds per method the observed difference would need (Welch, 80 % power)
+    seeds_needed: int | None  # undecided: seeds per method the observed difference would need (Welch, 80 % power,
+    # at alpha / the number of comparisons)
 
     def text(self) -> str:
         """``best`` / ``worse (p = 0.003)`` / ``undecided (p = 0.41; ~9 seeds would decide)``."""
@@ -220,8 +221,9 @@ def standings(scores: dict[str, Sequence[float]], higher_is_better: bool,
             result.append(Standing(name, "best" if others else "untested", fmean(values), len(values), None, None))
         else:
             worse = rejected[name]
+            # planned at the level Holm's first step asks of each (alpha / comparisons): enough for any of them
             result.append(Standing(name, "worse" if worse else "undecided", fmean(values), len(values), tested[name],
-                                   None if worse else seeds_needed(scored[best], values)))
+                                   None if worse else seeds_needed(scored[best], values, ALPHA / len(others))))
     return result
 
 

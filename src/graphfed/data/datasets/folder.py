@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import re
 import zipfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -563,7 +564,7 @@ def _write_csv(path: Path, x: np.ndarray, y: np.ndarray, features: Sequence[str]
         raise ValueError(f"{path}: the CSV form holds one target column; y has shape {tuple(y.shape)} (use npz)")
     integer = y.dtype.kind in "biu"
     with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
+        writer = csv.writer(handle, lineterminator=os.linesep)  # the platform's line ends, not csv's \r\n
         writer.writerow([*names, target])
         for row, label in zip(x, y, strict=True):
             # repr() of a Python float round-trips exactly, so CSV and npz forms load to identical tensors.
@@ -597,7 +598,7 @@ def write_federation(root: str | Path, clients: Mapping[str, Mapping[str, tuple[
         edges = [tuple(edge) for edge in graph]
         weighted = any(len(edge) == 3 for edge in edges)
         with (root / GRAPH_FILE).open("w", newline="", encoding="utf-8") as handle:
-            writer = csv.writer(handle)
+            writer = csv.writer(handle, lineterminator=os.linesep)
             writer.writerow(GRAPH_HEADERS[1] if weighted else GRAPH_HEADERS[0])
             for edge in edges:
                 writer.writerow([edge[0], edge[1], *([edge[2] if len(edge) == 3 else 1.0] if weighted else [])])
