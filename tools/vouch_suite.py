@@ -22,8 +22,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 # the golden configs read the real datasets beside the project, as the tests do
 os.environ.setdefault("GRAPHFED_DATA", str((ROOT / ".." / "shared" / "data").resolve()))
 
-#: what differs between two runs of one config on one machine, or records how (not what) a run computed
-EXECUTION = {"wall_seconds", "peak_rss_mb", "code", "execution", "device", "cell_seconds"}
+#: what differs between two runs of one config on one machine, or records how (not what) a run computed; and the
+#: sentences written from fields compared here (``flags``, from ``per_client``): a new sentence is no new behaviour
+EXECUTION = {"wall_seconds", "peak_rss_mb", "code", "execution", "device", "cell_seconds", "flags"}
 FLN = ["dataset.name=fln", "dataset.num_clients=12", "dataset.novel_fraction=0.25", "model.options={hidden: 8}",
        "train.rounds=8", "train.local_steps=5", "train.batch_size=16", "train.clients_per_round=4",
        "train.eval_every=2", "train.novel_adapt_rounds=2", "torch_threads=1", "train.autotune=false"]

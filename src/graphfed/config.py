@@ -101,6 +101,10 @@ class DatasetConfig(_Strict):
                            "angle, a sparse graph for large N (0 = the paper's dense Bernoulli graph)")
     graph_threshold: float = Field(default=0.1, ge=0.0, le=1.0, description="weighted client graphs (metr-la-week):"
                                    " drop edges whose kernel weight is below this (DCRNN's normalized_k)")
+    standardize: Literal["none", "client", "pooled"] = Field(
+        default="none", description="scale each input feature to mean 0 and std 1: client (each client by its own "
+        "training rows; nothing leaves it, so it holds under DP) or pooled (by every training client's rows together; "
+        "refused under DP); for raw features of very different scales (graphfed inspect flags them)")
 
     _novel_names = field_validator("novel_clients", mode="before")(_names_as_text)
 
@@ -408,6 +412,10 @@ class RunConfig(_Strict):
             raise ValueError("train.patience: early stopping reads the clients' validation scores, outside the "
                              "privacy mechanism; unset it, or set privacy.model_selection=validation (the summary "
                              "then says the choice of round is outside the guarantee)")
+        if self.privacy.mechanism != "none" and self.dataset.standardize == "pooled":
+            raise ValueError("dataset.standardize=pooled: pooling every client's feature means and spreads reads "
+                             "their raw rows outside the privacy mechanism; use dataset.standardize=client (each "
+                             "client scales by its own training rows, nothing leaves it)")
         if self.model.architectures is not None and self.defense.simple_tuning:
             raise ValueError("defense.simple_tuning: clients of different architectures have no shared "
                              "classifier layer to re-initialise (FLHA-GHN's inference already refines the head)")

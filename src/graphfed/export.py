@@ -21,7 +21,7 @@ import torch
 from graphfed.errors import DataError, UntrustedInputError
 from graphfed.models import build_model
 from graphfed.models.base import TargetModel
-from graphfed.runs import SUMMARY, atomic_write_bytes, load_models, read_result
+from graphfed.runs import CONFIG, SUMMARY, atomic_write_bytes, load_models, read_result
 
 FORMAT = "graphfed-client-model"
 
@@ -124,6 +124,32 @@ def read_rows(path: Path, input_shape: tuple[int, ...]) -> torch.Tensor:
     if not np.isfinite(rows).all():
         raise DataError(f"{path}: non-finite values")
     return torch.from_numpy(rows.reshape(len(rows), *input_shape))
+
+
+def scaled_like_training(run_dir: Path, client: str, rows: torch.Tensor) -> torch.Tensor:
+    """``rows`` scaled as the run scaled ``client``'s inputs (``dataset.standardize``: the statistics of the client's
+    own training rows, or the pooled ones, rebuilt from the data the run read); as they are for a run that did not
+    scale its features."""
+    from graphfed.config import load_config
+    from graphfed.data import build_federation, feature_scaling
+
+    config = load_config(run_dir / CONFIG)
+    if config.dataset.standardize == "none":
+        return rows
+    raw = build_federation(config.dataset.model_copy(update={"standardize": "none"}), config.seed)
+    mean, spread = feature_scaling(raw, config.dataset.standardize)
+    index = raw.client_names.index(client)
+    return ((rows.flatten(1).to(torch.float64) - mean[index]) / spread[index]).to(rows.dtype).view_as(rows)
+
+
+def target_units(run_dir: Path) -> tuple[float, str | None]:
+    """(data units per stored unit, their name) of a regression run's targets, as its federation declares them
+    (``meta.yaml``'s ``target_scale`` and ``target_units``); ``(1.0, None)`` where it declares none."""
+    if (run_dir / SUMMARY).is_file():
+        result = read_result(run_dir)
+        if result.target_scale is not None and result.target_units is not None:
+            return result.target_scale, result.target_units
+    return 1.0, None
 
 
 def predict(network: TargetModel, rows: torch.Tensor) -> torch.Tensor:

@@ -442,6 +442,10 @@ class RunResult(BaseModel):
     test_nonfinite_clients: list[str] = []
     test_mae: float | None = None
     test_mae_original_units: float | None = None
+    #: regression: data units per stored unit of the targets, and their name (a folder's meta.yaml), so every
+    #: number a user reads can be given in the units the federation declares; None where the data do not say
+    target_scale: float | None = None
+    target_units: str | None = None
     novel_mean: float | None = None
     novel_std: float | None = None
     novel_adapted_mean: float | None = None

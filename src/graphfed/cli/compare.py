@@ -172,7 +172,7 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
     dataset = next(iter(summaries.values()))[0].dataset  # a folder's own name (meta.yaml), not "folder"
     attacked = any(row["attacked"] for row in rows)  # the headline is then the honest clients' score
     columns, cells = comparison(rows)
-    show(table(f"{dataset}: personalised {metric_label(metric)}, {seeds} seed(s)"
+    show(table(f"{dataset}: personalised {metric_label(metric, rows[0].get('units'))}, {seeds} seed(s)"
                 + (" (malicious clients took part)" if attacked else ""), columns, cells))
     out.mkdir(parents=True, exist_ok=True)
     markdown = markdown_table(rows)

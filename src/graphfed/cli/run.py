@@ -53,25 +53,29 @@ def run(config: Annotated[Path, typer.Argument(help="YAML run config")],
     console.print(f"results in [bold]{out}[/bold]")
 
 
-def _print_summary(summary: RunResult) -> None:
-    from graphfed.report.tables import format_value
+def _print_summary(result: RunResult) -> None:
+    from graphfed.report.tables import format_value, in_declared_units, metric_label, privacy_sentence
 
+    summary = in_declared_units(result)  # errors in the units the federation declares
     metric = summary.metric
-    from graphfed.report.tables import metric_label, privacy_sentence
-
     chosen = ("last evaluated round" if summary.privacy and summary.privacy.get("model_selection") == "last"
               else "best validation round")
     table = Table(title=f"{summary.method} on {summary.dataset} ({chosen} {summary.best_round} of {summary.rounds})")
 
-    for header in (f"test {metric_label(metric)} (mean ± std over clients)", "clients scored", "pooled", "novel",
-                   "novel (adapted)", "wall s"):
+    for header in (f"test {metric_label(metric, summary.target_units)} (mean ± std over clients)",
+                   "trivial predictor", "clients scored", "pooled", "novel", "novel (adapted)", "wall s"):
         table.add_column(header, overflow="fold")
     pooled = summary.test_pooled
     scored, training = summary.scored_clients, summary.training_clients
     coverage = "—" if scored is None or training is None else f"{scored} of {training}" + (
         f" (no reply: {', '.join(summary.unscored_clients[:5])}{', ...' if len(summary.unscored_clients) > 5 else ''})"
         if summary.unscored_clients else " (shrank: replies lost)" if scored < training else "")
-    table.add_row(format_value((summary.test_mean, summary.test_std), metric), coverage,
+    below = summary.test_mean is not None and summary.trivial_test_mean is not None and (
+        summary.test_mean < summary.trivial_test_mean if metric == "accuracy"
+        else summary.test_mean > summary.trivial_test_mean)
+    table.add_row(format_value((summary.test_mean, summary.test_std), metric) + (" (below trivial)" if below else ""),
+                  format_value(None if summary.trivial_test_mean is None else (summary.trivial_test_mean, 0.0),
+                               metric).split(" ±")[0], coverage,
                   format_value((pooled, 0.0), metric).split(" ±")[0],
                   format_value(None if summary.novel_mean is None
                                else (summary.novel_mean, summary.novel_std), metric),
@@ -131,17 +135,20 @@ def status_command(run_dir: Annotated[Path, typer.Argument(help="a run folder (g
 def show_run(run_dir: Annotated[Path, typer.Argument(help="a run directory (holds summary.json)")],
              show_all: Annotated[bool, typer.Option("--all", help="every client, not the first 50")] = False) -> None:
     """A run's result: its headline and each client's score beside its trivial predictor (who gains, who loses)."""
-    from graphfed.report.tables import per_client_table
+    from graphfed.report.tables import in_declared_units, per_client_table, plain
     from graphfed.runs import SUMMARY, read_result
 
     if not (run_dir / SUMMARY).is_file():
         fail(f"{run_dir}: no {SUMMARY} (not a finished run directory)", EXIT_CONFIG)
-    result = read_result(run_dir)
+    result = in_declared_units(read_result(run_dir))  # errors in the units the federation declares
     scale = 100.0 if result.metric == "accuracy" else 1.0
-    headline = "—" if result.test_mean is None else f"{scale * result.test_mean:.4g}"
-    trivial = "—" if result.trivial_test_mean is None else f"{scale * result.trivial_test_mean:.4g}"
-    console.print(f"{result.method} on {result.dataset} (seed {result.seed}): {result.status}; test {headline} "
-                  f"at round {result.best_round} of {result.rounds}; trivial predictors {trivial}")
+    unit = "" if result.metric == "accuracy" or result.target_units is None else (
+        f" ({result.target_units})²" if result.metric == "mse" else f" ({result.target_units})")
+    headline = "—" if result.test_mean is None else f"{plain(scale * result.test_mean)}{unit}"
+    trivial = "—" if result.trivial_test_mean is None else f"{plain(scale * result.trivial_test_mean)}{unit}"
+    console.print(f"{result.method} on {result.dataset} (seed {result.seed}): {result.status}; test "
+                  f"{result.metric} {headline} at round {result.best_round} of {result.rounds}; trivial predictors "
+                  f"{trivial}")
     if result.stopped_early:
         console.print(f"stopped early at round {result.stopped_early['round']} (patience "
                       f"{result.stopped_early['patience']})")

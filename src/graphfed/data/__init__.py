@@ -30,7 +30,7 @@ from graphfed.data.registry import (
 from graphfed.errors import DataError, DataMissingError, GraphfedError
 
 __all__ = ["DATASETS", "ClientSplit", "DatasetInfo", "Federation", "Streams", "build_federation",
-           "federation_from_clients", "register_dataset"]
+           "feature_scaling", "federation_from_clients", "register_dataset", "standardized"]
 
 #: the built-in dataset modules, each with its REGISTRY of names
 BUILTIN = (digits, fl_n, tpt48, images, femnist, folder, metr_la, traffic_h5)
@@ -92,11 +92,46 @@ def _shared_choices(fed: Federation, cfg: DatasetConfig, streams: Streams) -> Fe
         changes["novel_mask"] = mask
     else:
         changes["novel_mask"] = choose_novel_clients(fed.num_clients, cfg.novel_fraction, streams.novel)
+    if cfg.standardize != "none":  # with the novel clients known, before a graph built from the clients' data
+        fed = standardized(replace(fed, novel_mask=changes.pop("novel_mask")), cfg.standardize)
     if cfg.graph == "none":
         changes["client_graph"] = None
     elif cfg.graph == "knn":
         changes["client_graph"] = knn_graph(client_profiles(fed), cfg.graph_k)
     return replace(fed, **changes)
+
+
+def feature_scaling(fed: Federation, how: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(mean, spread)``, each ``[N, F]`` (float64): the statistics ``dataset.standardize`` scales each client's
+    flattened input features by, from training rows: each client's own (``client``: a client needs nothing but its
+    rows) or every training client's pooled (``pooled``). A feature constant over those rows has spread 1 (it is
+    only centred)."""
+    owner, rows = fed.train.row_owners()
+    x = fed.train.x[rows].flatten(1).to(torch.float64)
+    if how == "client":
+        counts = fed.train.counts.clamp_min(1).to(torch.float64).unsqueeze(1)
+        mean = torch.zeros(fed.num_clients, x.shape[1], dtype=torch.float64).index_add_(0, owner, x) / counts
+        square = torch.zeros_like(mean).index_add_(0, owner, (x - mean[owner]).square()) / counts
+    else:
+        pooled = x[~fed.novel_mask[owner]] if bool((~fed.novel_mask).any()) else x
+        mean = pooled.mean(0, keepdim=True).expand(fed.num_clients, -1)
+        square = (pooled - mean[:1]).square().mean(0, keepdim=True).expand(fed.num_clients, -1)
+    spread = square.sqrt()
+    return mean, torch.where(spread > 1e-12, spread, torch.ones_like(spread))
+
+
+def standardized(fed: Federation, how: str) -> Federation:
+    """Every client's train, val and test rows scaled by :func:`feature_scaling` (mean 0, standard deviation 1)."""
+    mean, spread = feature_scaling(fed, how)
+
+    def scaled(split: ClientSplit) -> ClientSplit:
+        owner, rows = split.row_owners()
+        x = split.x.clone()
+        values = (split.x[rows].flatten(1).to(torch.float64) - mean[owner]) / spread[owner]
+        x[rows] = values.to(split.x.dtype).view(len(rows), *split.x.shape[1:])
+        return replace(split, x=x)
+
+    return replace(fed, train=scaled(fed.train), val=scaled(fed.val), test=scaled(fed.test))
 
 
 def client_profiles(fed: Federation) -> torch.Tensor:

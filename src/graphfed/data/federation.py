@@ -281,6 +281,10 @@ class Federation:
     # Regression targets in original units per scaled unit (e.g. mph for metr-la-week), so scaled MAE/RMSE can
     # be reported in those units; None = targets are not rescaled (or the dataset does not say).
     target_scale: float | None = None
+    #: the name of those units (a folder's meta.yaml ``target_units``, e.g. "ug/m3"), for what a user reads
+    target_units: str | None = None
+    #: the input features' names where the data give them (a folder's meta.yaml ``features``), for what a user reads
+    feature_names: list[str] | None = None
     #: the metrics the data's owner judges it by (a folder's meta.yaml ``metrics``), used when ``train.metrics`` is
     #: empty, and the one that picks the reported round (``select_by``) when ``train.select_by`` is unset
     default_metrics: tuple[str, ...] = ()

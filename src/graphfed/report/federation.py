@@ -103,8 +103,60 @@ def label_histogram(labels: np.ndarray, num_classes: int, top: int = _TOP_CLASSE
     return " ".join(f"{c}:{counts[c]}" for c in by_count[:top]) + f" +{len(present) - top} more"
 
 
+#: features whose spreads differ by more than this factor get a warning: a model's first layer then sees one feature
+#: and hardly the others (raw cholesterol about 250 beside a 0/1 flag), and a trivial predictor can beat it
+SCALE_RATIO = 100.0
+_FEATURES_LISTED = 64  # a per-feature table for tabular data; image pixels get one summary line
+
+
+@dataclass(frozen=True)
+class FeatureStats:
+    """Each input feature over every training row (all clients): its name, range, mean and spread."""
+
+    names: list[str]
+    low: np.ndarray
+    high: np.ndarray
+    mean: np.ndarray
+    std: np.ndarray
+
+    def scale_warning(self) -> str | None:
+        """One line when the features' spreads differ by more than :data:`SCALE_RATIO`, naming the widest and
+        the narrowest and what fixes it; None otherwise."""
+        varying = np.flatnonzero(self.std > 0)
+        if len(varying) < 2:
+            return None
+        wide, narrow = varying[self.std[varying].argmax()], varying[self.std[varying].argmin()]
+        ratio = float(self.std[wide] / self.std[narrow])
+        if ratio <= SCALE_RATIO:
+            return None
+        return (f"the features' scales differ by {ratio:.3g}x ({self.names[wide]}: std {self.std[wide]:.4g}, "
+                f"{self.names[narrow]}: std {self.std[narrow]:.4g}): a model then learns from the widest and "
+                f"hardly the others, and may score below the trivial predictor; standardise them "
+                f"(dataset.standardize: client, each client by its own training rows)")
+
+
+def feature_stats(fed: Federation) -> FeatureStats:
+    """:class:`FeatureStats` of ``fed``'s flattened input features over its training rows."""
+    _, rows = fed.train.row_owners()
+    x = fed.train.x[rows].flatten(1).to(torch.float64).numpy() if len(rows) else np.zeros((0, 0))
+    width = x.shape[1] if len(rows) else int(np.prod(fed.input_shape))
+    names = fed.feature_names if fed.feature_names and len(fed.feature_names) == width else \
+        [f"x{j}" for j in range(width)]
+    if not len(rows):
+        empty = np.zeros(width)
+        return FeatureStats(names, empty, empty, empty, empty)
+    return FeatureStats(names, x.min(0), x.max(0), x.mean(0), x.std(0))
+
+
 def _client_targets(fed: Federation, i: int) -> np.ndarray:
     return torch.cat([split.client(i)[1].reshape(-1) for split in (fed.train, fed.val, fed.test)]).numpy()
+
+
+def _target_scale(fed: Federation) -> tuple[float, str]:
+    """(factor, label) that turn stored regression targets into the units the federation declares."""
+    if fed.target_scale is not None and fed.target_units is not None:
+        return fed.target_scale, f" ({fed.target_units})"
+    return 1.0, " (as stored)" if fed.target_scale is not None else ""
 
 
 def _target_cell(fed: Federation, targets: np.ndarray) -> str:
@@ -112,7 +164,8 @@ def _target_cell(fed: Federation, targets: np.ndarray) -> str:
         return label_histogram(targets, fed.output_dim)
     if targets.size == 0:
         return "-"
-    return f"{targets.mean():.4g} ± {targets.std():.4g}"
+    factor, _ = _target_scale(fed)
+    return f"{factor * targets.mean():.4g} ± {factor * targets.std():.4g}"
 
 
 def render_federation(fed: Federation, console: Console, max_clients: int = 50) -> None:
@@ -137,7 +190,23 @@ def render_federation(fed: Federation, console: Console, max_clients: int = 50) 
                       f"{rows / max(sizes.rows_median, 1):.0f}x the median client): it dominates every sample-weighted "
                       f"average (FedAvg and its family) and its evaluation takes the most time and memory")
 
-    target_header = "labels (all splits)" if fed.task == "classification" else "target mean ± std"
+    features = feature_stats(fed)
+    if len(features.names) <= _FEATURES_LISTED:
+        table = Table(title="features (training rows, all clients)")
+        for header in ("feature", "min", "max", "mean", "std"):
+            table.add_column(header, justify="left" if header == "feature" else "right")
+        for j, name in enumerate(features.names):
+            table.add_row(name, *(f"{values[j]:.4g}" for values in (features.low, features.high, features.mean,
+                                                                    features.std)))
+        print_table(console, table)
+    elif len(features.low):
+        console.print(f"features: {len(features.names)} inputs, from {features.low.min():.4g} to "
+                      f"{features.high.max():.4g} (std {features.std.min():.4g} to {features.std.max():.4g})")
+    if (warning := features.scale_warning()) is not None:
+        console.print(f"[yellow]warning:[/yellow] {warning}")
+
+    target_header = ("labels (all splits)" if fed.task == "classification"
+                     else f"target mean ± std{_target_scale(fed)[1]}")
     clients = Table(title="clients")
     for header in ("client", "train", "val", "test", target_header):
         clients.add_column(header, justify="right" if header in ("train", "val", "test") else "left")

@@ -98,8 +98,9 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
     # a federation folder keeps its split under every seed: the seeds' spread is training randomness only
     fixed_split = config.dataset.name == "folder"
     with_rows = fixed_split and any(row["row_se"] for row in rows)
-    headers = [*table_headers(config_metric(rows)), *EXTRA_HEADERS, *(["MAE, data units"] if with_mae else []),
-               *(["± over test rows (95 %)"] if with_rows else []),
+    units = rows[0].get("units") if rows else None
+    headers = [*table_headers(config_metric(rows), units=units), *EXTRA_HEADERS,
+               *(["MAE, data units"] if with_mae else []), *(["± over test rows (95 %)"] if with_rows else []),
                *(["late joiners, last round"] if with_late else []), *(reference.label for reference in entry.paper)]
     lines = [f"## {entry.title or key}", ""]
     if entry.description:
@@ -109,7 +110,7 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
               f"{json.dumps(config.model.options) if config.model.options else ''}; {train.rounds} rounds, "
               f"{train.clients_per_round} clients per round, {train.local_steps} local steps of batch "
               f"{train.batch_size} at lr {train.lr}; evaluation every {train.eval_every} rounds; seeds "
-              f"{', '.join(map(str, seeds))}. {metric_note(config_metric(rows))}", ""]
+              f"{', '.join(map(str, seeds))}. {metric_note(config_metric(rows), units)}", ""]
     if own_settings:
         lines += ["Rows with their own settings (the rest as above): " + "; ".join(
             f"`{label}` {', '.join(f'{name}={value}' for name, value in _flatten(settings))}"

@@ -38,17 +38,33 @@ def print_table(console: Any, table: Any) -> None:
     Console(file=console.file, width=PIPE_WIDTH).print(table)
 
 
-def metric_label(metric: str) -> str:
+def metric_label(metric: str, units: str | None = None) -> str:
     """The metric as every table and plot names it, with its unit and direction: accuracy is shown in % (summary.json
-    keeps fractions), MSE as is."""
-    return "accuracy % ↑" if metric == "accuracy" else f"{metric.upper()} ↓"
+    keeps fractions), an error in the units the federation declares (``units``; squared for MSE) or as stored."""
+    if metric == "accuracy":
+        return "accuracy % ↑"
+    unit = "" if units is None else f" ({units})²" if metric == "mse" else f" ({units})"
+    return f"{metric.upper()} ↓{unit}"
 
 
-def metric_note(metric: str) -> str:
+def metric_note(metric: str, units: str | None = None) -> str:
     """One sentence saying what the numbers of a table are."""
     if metric == "accuracy":
         return "Metric: accuracy in % (higher is better; summary.json stores it as a fraction)."
+    if units is not None:
+        squared = f"({units})²" if metric == "mse" else units
+        return (f"Metric: {metric.upper()} (lower is better), in {squared}, the units the federation declares "
+                f"(summary.json stores the targets divided by its target_scale).")
     return f"Metric: {metric.upper()} (lower is better), in the units summary.json stores."
+
+
+def plain(value: float) -> str:
+    """A number as a reader reads it: 4 significant digits in plain decimals (0.2447, 20.81, 1234), scientific only
+    where plain decimals would hide it (below 0.001, from a million)."""
+    size = abs(value)
+    if value == 0 or 1e-3 <= size < 1e4:
+        return f"{value:.4g}"
+    return f"{value:,.0f}" if 1e4 <= size < 1e6 else f"{value:.3e}"
 
 
 def format_value(stats: tuple[float, float] | None, metric: str, n: int | None = None) -> str:
@@ -58,7 +74,30 @@ def format_value(stats: tuple[float, float] | None, metric: str, n: int | None =
     mean, std = stats
     if metric == "accuracy":
         return f"{100 * mean:.2f} (n=1)" if n == 1 else f"{100 * mean:.2f} ± {100 * std:.2f}"
-    return f"{mean:.3e} (n=1)" if n == 1 else f"{mean:.3e} ± {std:.1e}"
+    return f"{plain(mean)} (n=1)" if n == 1 else f"{plain(mean)} ± {plain(std)}"
+
+
+#: the error fields of a summary (and of each client's scores), in stored units squared for MSE
+_ERROR_FIELDS = ("test_mean", "test_std", "test_pooled", "val_mean", "novel_mean", "novel_std", "novel_adapted_mean",
+                 "novel_adapted_std", "trivial_test_mean", "honest_test_mean", "honest_test_std",
+                 "malicious_test_mean", "final_test_mean", "late_test_final")
+
+
+def in_declared_units(result: RunResult) -> RunResult:
+    """A regression run's summary with every error in the units its federation declares (``target_units``, each
+    stored unit being ``target_scale`` of them; MSE scales by its square): what ``compare``, ``show`` and the
+    reports print. A summary without declared units is returned as it is."""
+    scale, metric = result.target_scale, result.metric
+    if scale is None or result.target_units is None or metric not in LOWER_IS_BETTER:
+        return result
+    factor = scale * scale if metric == "mse" else scale
+    update: dict[str, Any] = {name: getattr(result, name) * factor for name in _ERROR_FIELDS
+                              if isinstance(getattr(result, name, None), float)}
+    if result.per_client:
+        update["per_client"] = {name: {key: value * factor if key in ("val", "test", "trivial_test")
+                                       and isinstance(value, float) else value for key, value in scores.items()}
+                                for name, scores in result.per_client.items()}
+    return result.model_copy(update={**update, "target_scale": None})  # converted: never twice
 
 
 def compare_rows(summaries: dict[str, list[RunResult]]) -> list[dict[str, Any]]:
@@ -67,9 +106,10 @@ def compare_rows(summaries: dict[str, list[RunResult]]) -> list[dict[str, Any]]:
     rows = []
     for method, every_run in summaries.items():
         metric = every_run[0].metric
-        runs = [run for run in every_run if run.completed]
+        runs = [in_declared_units(run) for run in every_run if run.completed]
         rows.append({
             "method": method, "metric": metric, "seeds": len(runs), "stopped": len(every_run) - len(runs),
+            "units": every_run[0].target_units if every_run[0].target_scale is not None else None,
             "privacy": row_privacy(runs),
             "test": _mean_std([r.test_mean for r in runs]),
             # each run's trivial predictors (majority class / mean target of each client's training rows)
@@ -162,11 +202,11 @@ def format_score(stats: tuple[float, float] | None, n: int | None = None) -> str
     return f"{stats[0]:.3f} (n=1)" if n == 1 else f"{stats[0]:.3f} ± {stats[1]:.3f}"
 
 
-def headers(metric: str, chosen: Sequence[str] = (), private: bool = False) -> list[str]:
+def headers(metric: str, chosen: Sequence[str] = (), private: bool = False, units: str | None = None) -> list[str]:
     """The comparison table's columns, the metric named in the first number column, the trivial predictor and the
     standing against the best beside it, then ``train.metrics`` (and what each row spent, in a private
     comparison)."""
-    return ["method", f"test {metric_label(metric)} (mean ± sample std over seeds)", "trivial predictor",
+    return ["method", f"test {metric_label(metric, units)} (mean ± sample std over seeds)", "trivial predictor",
             "against the best", "std over clients", "pooled", *[f"test {name}" for name in chosen], "novel",
             "novel (adapted)", *(["privacy"] if private else []), "wall s", "MB up"]
 
@@ -181,7 +221,7 @@ def row_cells(row: dict[str, Any], chosen: Sequence[str] = (), private: bool = F
     metric = row["metric"]
     client_std = row["client_std"]
     std_text = "—" if client_std is None else (
-        f"{100 * client_std[0]:.2f}" if metric == "accuracy" else f"{client_std[0]:.1e}")
+        f"{100 * client_std[0]:.2f}" if metric == "accuracy" else plain(client_std[0]))
     n = row["seeds"]
     test = format_value(row["test"], metric, n) + (" (below trivial)" if below_trivial(row) else "")
     standing = row.get("standing")
@@ -292,7 +332,8 @@ def comparison(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
         return attack_headers(metric), [attack_cells(row) for row in rows]
     chosen = table_metrics(rows)
     private = any(row.get("privacy") or row.get("releases_nothing") for row in rows)
-    return headers(metric, chosen, private), [row_cells(row, chosen, private) for row in rows]
+    units = rows[0].get("units") if rows else None
+    return headers(metric, chosen, private, units), [row_cells(row, chosen, private) for row in rows]
 
 
 def comparison_csv(rows: list[dict[str, Any]]) -> str:
@@ -314,7 +355,8 @@ def comparison_csv(rows: list[dict[str, Any]]) -> str:
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     metric = rows[0]["metric"] if rows else "accuracy"
     columns, cells = comparison(rows)
-    lines = [metric_note(metric), "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines = [metric_note(metric, rows[0].get("units") if rows else None), "", "| " + " | ".join(columns) + " |",
+             "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(row) + " |" for row in cells]
     return "\n".join(lines) + "\n"
 

@@ -47,11 +47,16 @@ def flags(metric: str, per_client: dict[str, dict[str, Any]]) -> list[str]:
     """One sentence per thing a reader of this run's numbers must know (logged at the end of the run)."""
     higher = HIGHER_IS_BETTER[metric]
     novel = {name: scores for name, scores in per_client.items() if scores.get("novel")}
+    trained = {name: scores for name, scores in per_client.items() if not scores.get("novel")}
     isolated = [name for name, scores in novel.items() if scores.get("no_graph_neighbours")]
-    below = [f"{name} ({scores['test']:.4g} against {scores['trivial_test']:.4g})"
-             for name, scores in novel.items()
-             if scores.get("test") is not None and scores.get("trivial_test") is not None
-             and (scores["test"] < scores["trivial_test"] if higher else scores["test"] > scores["trivial_test"])]
+
+    def below_trivial(clients: dict[str, dict[str, Any]]) -> list[str]:
+        return [f"{name} ({scores['test']:.4g} against {scores['trivial_test']:.4g})"
+                for name, scores in clients.items()
+                if scores.get("test") is not None and scores.get("trivial_test") is not None
+                and (scores["test"] < scores["trivial_test"] if higher else scores["test"] > scores["trivial_test"])]
+
+    below, trained_below = below_trivial(novel), below_trivial(trained)
 
     def listed(names: list[str]) -> str:
         return ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
@@ -61,9 +66,13 @@ def flags(metric: str, per_client: dict[str, dict[str, Any]]) -> list[str]:
         found.append(f"novel client(s) with no neighbour among the training clients in the method's client graph: "
                      f"{listed(isolated)}; their model is the method's guess for clients it knows nothing of (give "
                      f"the dataset's graph, or check dataset.graph)")
+    predictor = f"({metric} against predicting their training {'majority class' if higher else 'mean'})"
+    if trained_below:
+        found.append(f"trained client(s) scoring below their trivial predictor {predictor}: {len(trained_below)} of "
+                     f"{len(trained)}, {listed(trained_below)}; the model learned less than that guess (check the "
+                     f"features' scales: graphfed inspect flags them, dataset.standardize: client fixes them)")
     if below:
-        found.append(f"novel client(s) scoring below their trivial predictor ({metric} against predicting their "
-                     f"training {'majority class' if higher else 'mean'}): {listed(below)}")
+        found.append(f"novel client(s) scoring below their trivial predictor {predictor}: {listed(below)}")
     return found
 
 
@@ -84,6 +93,7 @@ def per_client(sim: Simulator, best: dict[str, Any]) -> dict[str, Any]:
     noise = [sim.noise_check.warning] if sim.noise_check.warning else []  # the pre-flight's: every reader needs it
     return {"per_client": clients, "flags": flags(fed.metric, clients) + noise,
             "trivial_test_mean": mean_std(sim.trivial[fed.train_client_ids])[0], "stopped_early": early,
+            "target_scale": fed.target_scale, "target_units": fed.target_units,
             "models_note": sim.models_note, "metrics": chosen or None, "select_by": sim.select_by}
 
 

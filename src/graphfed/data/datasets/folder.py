@@ -512,6 +512,8 @@ def folder_to_federation(folder: FolderFederation, novel_fraction: float = 0.0,
                       description=description + (f"; targets in {folder.meta.target_units}"
                                                  if folder.meta.target_units else ""),
                       target_scale=folder.meta.target_scale if folder.task == "regression" else None,
+                      target_units=folder.meta.target_units if folder.task == "regression" else None,
+                      feature_names=list(folder.meta.features) if folder.meta.features else None,
                       default_metrics=folder.meta.metrics, default_select_by=folder.meta.select_by)
 
 
