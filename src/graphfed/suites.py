@@ -92,6 +92,8 @@ class SuiteDataset(_Strict):
     method_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
     variants: dict[str, Variant] = Field(default_factory=dict)
     seeds: int | None = Field(default=None, ge=1, description="default: the suite's seeds")
+    paper_rounds: int | None = Field(default=None, ge=1, description="the rounds the paper ran this setting for: "
+                                     "the report states the section's budget as a fraction of it")
     paper: list[PaperReference] = Field(default_factory=list)
 
     @model_validator(mode="after")

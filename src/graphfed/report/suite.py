@@ -110,7 +110,10 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
               f"{json.dumps(config.model.options) if config.model.options else ''}; {train.rounds} rounds, "
               f"{train.clients_per_round} clients per round, {train.local_steps} local steps of batch "
               f"{train.batch_size} at lr {train.lr}; evaluation every {train.eval_every} rounds; seeds "
-              f"{', '.join(map(str, seeds))}. {metric_note(config_metric(rows), units)}", ""]
+              f"{', '.join(map(str, seeds))}. {metric_note(config_metric(rows), units)}"
+              + (f" Budget: {train.rounds} of the paper's {entry.paper_rounds} rounds "
+                 f"({100 * train.rounds / entry.paper_rounds:.0f} % of its budget)." if entry.paper_rounds else ""),
+              ""]
     if own_settings:
         lines += ["Rows with their own settings (the rest as above): " + "; ".join(
             f"`{label}` {', '.join(f'{name}={value}' for name, value in _flatten(settings))}"
