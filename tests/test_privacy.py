@@ -843,3 +843,65 @@ def test_a_central_release_clips_every_update_of_the_cohort(make_config: ConfigF
         assert bool((norms > 0.01).all())  # every update is above the clip: each must be scaled
         by_hand = (delta.double() * (0.01 / norms)).sum(0) / expected
         torch.testing.assert_close(released.double(), by_hand, rtol=1e-5, atol=1e-9)
+
+
+def test_a_private_comparison_checks_every_row_first_runs_local_without_a_mechanism_and_goes_on_past_a_stop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before any run, a row that cannot run under the privacy setting is refused (one line, nothing run); Local
+    runs without a mechanism (it releases nothing) and says so; a seed that stops leaves the other rows to run and
+    the table to say so, with exit 3 at the end; the table states epsilon and delta."""
+    from graphfed.client.executor import ClientRuntime
+
+    base = [*tiny_overrides("fedavg"), "privacy.mechanism=central", "privacy.noise_multiplier=1.0",
+            "privacy.reproducible_noise=true", "train.rounds=4", "train.eval_every=2"]
+    args = [a for o in base for a in ("--set", o)]
+    refused = CliRunner().invoke(cli.app, ["compare", "demo", *args, "--methods", "fedavg,fedaghn", "--out",
+                                           str(tmp_path / "refused"), "--no-progress"])
+    assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1, refused.output
+    assert "fedaghn: privacy.mechanism=central: fedaghn" in refused.output
+    assert not (tmp_path / "refused").exists()  # refused before the first run
+    real = ClientRuntime.train
+
+    def seed_1_breaks(self, client_ids, start, round_index, purpose, steps=None, broadcast=None):  # type: ignore[no-untyped-def]
+        result = real(self, client_ids, start, round_index, purpose, steps, broadcast)
+        if self.seed == 1 and round_index == 2 and len(client_ids):
+            result.delta[0, 0] = float("nan")
+        return result
+
+    monkeypatch.setattr(ClientRuntime, "train", seed_1_breaks)
+    done = CliRunner().invoke(cli.app, ["compare", "demo", *args, "--methods", "fedavg,local", "--seeds", "2",
+                                        "--pack", "1", "--out", str(tmp_path / "cmp"), "--no-progress"])
+    text = " ".join(done.output.split())
+    assert done.exit_code == 3, done.output
+    assert "fedavg (1 of 2 seeds stopped)" in text and "2 run(s) stopped (fedavg seed 1, local seed 1)" in text
+    assert "round 3: non-finite (NaN/Inf) update from a client of the round's secret cohort" in text
+    assert "local releases nothing" in text and "ε 0 (releases nothing)" in text
+    markdown = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "(central)" in markdown and "privacy (every private row): central DP at δ =" in markdown
+    assert "outside the guarantee: checkpoint.pt" in markdown
+
+
+def test_a_non_finite_stop_under_central_dp_names_the_round_and_the_levers_never_the_client(
+        make_config: ConfigFactory, tmp_path: Path) -> None:
+    from graphfed.client.executor import ClientRuntime
+
+    config = private(make_config, "central", "privacy.noise_multiplier=1.0", "privacy.reproducible_noise=true",
+                     "train.rounds=4", "train.eval_every=2")
+    real = ClientRuntime.train
+
+    def breaking(self, client_ids, start, round_index, purpose, steps=None, broadcast=None):  # type: ignore[no-untyped-def]
+        result = real(self, client_ids, start, round_index, purpose, steps, broadcast)
+        if round_index == 1 and len(client_ids):
+            result.delta[0, 0] = float("nan")
+        return result
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ClientRuntime, "train", breaking)
+        simulator = Simulator(config, tmp_path / "run", progress=False)
+        result = simulator.run()
+    names = simulator.setup.federation.client_names
+    status = json.loads((tmp_path / "run" / "status.json").read_text())["reason"]
+    for told in (result.status, status, (tmp_path / "run" / "summary.json").read_text()):
+        assert "round 2: non-finite (NaN/Inf) update from a client of the round's secret cohort" in told
+        assert "more clients per round" in told and "adaptive clipping" in told
+        assert not any(f"client(s) {name}" in told or f"from client {name}" in told for name in names)

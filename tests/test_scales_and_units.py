@@ -161,3 +161,11 @@ def test_regression_outputs_are_in_the_declared_units(stations: Path, tmp_path: 
 def test_errors_print_in_plain_decimals() -> None:
     assert [plain(v) for v in (0.2447, 20.81, 1234.5, 0.0004, 123456.0, 0.0)] == [
         "0.2447", "20.81", "1234", "4.000e-04", "123,456", "0"]
+
+
+def test_a_csv_federation_has_the_platforms_line_ends(hospitals: Path) -> None:
+    """``write_federation(fmt="csv")`` ends its lines as this platform's CSV readers expect (no stray CR on Linux)."""
+    import os
+
+    data = (hospitals / "clients" / "hospital0" / "train.csv").read_bytes()
+    assert data.count(os.linesep.encode()) == 121 and (os.linesep == "\r\n" or b"\r" not in data)

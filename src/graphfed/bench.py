@@ -38,6 +38,7 @@ from graphfed.runs import RunResult
 from graphfed.setup import resolve_method, run_roots
 from graphfed.sim import checkpoint
 from graphfed.sim.stages import check_privacy_first
+from graphfed.slots import claim_order, fill_slot, import_archive, write_archive
 from graphfed.suites import Cell, Suite, load_suite, suite_cells
 
 
@@ -373,6 +374,47 @@ def run_suite(suite_path: Path, out: Path, datasets: list[str] | None = None, me
     return report, all_done
 
 
+def run_slot(suite_path: Path, out: Path, budget: float, archive: Path | None = None,
+             datasets: list[str] | None = None, methods: list[str] | None = None, seeds: int | None = None,
+             overrides: dict[str, Any] | None = None, data_dir: Path | None = None, in_process: bool = False,
+             echo: Any = print, clock: Any = time.monotonic) -> tuple[Path, Path, int]:
+    """One slot of ``budget`` seconds (:mod:`graphfed.slots`): the suite's runs not yet finished by today's code,
+    in the order of the claims they decide, each started only when its projected time fits what is left; the
+    finished runs written to one archive (``archive``, default ``OUT/slot.tar.gz``) and the report rewritten.
+    Returns (report, archive, runs made)."""
+    suite = load_suite(suite_path)
+    selected = suite_cells(suite, datasets, methods, seeds, overrides)
+    first_of_each = {(cell.dataset, cell.method): cell.config for cell in reversed(selected)}
+    check_privacy_first((f"datasets.{key}, method {method}", config) for (key, method), config in first_of_each.items())
+
+    def recorded(cell: Cell) -> RunResult | None:
+        return _finished_summary(cell.directory(out), cell.config)
+
+    todo = [cell for cell in claim_order(suite, selected)
+            if (summary := recorded(cell)) is None or stale(summary, cell.config) is not None]
+    echo(f"slot of {budget:.0f} s: {len(todo)} of {len(selected)} runs to make, in the order of the claims")
+
+    def run(cell: Cell) -> RunResult:
+        return run_cells([cell], out, in_process=in_process, data_dir=data_dir, echo=echo)[(cell.dataset,
+                                                                                             cell.method)][0]
+
+    made = fill_slot(todo, budget, run, recorded, echo, clock)
+    finished = [cell for cell, summary in made if summary.completed]
+    written = write_archive(archive or out / "slot.tar.gz", out, finished)
+    report, _ = run_suite(suite_path, out, seeds=seeds, overrides=overrides, echo=echo, report_only=True)
+    echo(f"{len(finished)} finished run(s) in {written} ({written.stat().st_size / 2**20:.2f} MiB)")
+    return report, written, len(finished)
+
+
+def import_runs(suite_path: Path, out: Path, archive: Path, echo: Any = print) -> tuple[Path, int]:
+    """Merge a slot's archive into ``out`` (every run checked: its files against the manifest, its config
+    against its cell's, its code against today's) and rewrite the report; returns (report, runs imported)."""
+    suite = load_suite(suite_path)
+    imported = import_archive(archive, out, suite_cells(suite))
+    report, _ = run_suite(suite_path, out, echo=echo, report_only=True)
+    return report, len(imported)
+
+
 def stale_judge(cells: list[Cell]) -> StaleOf:
     """:func:`stale` for a report over ``cells``: a run is judged against its own cell's config."""
     configs = {(cell.dataset, cell.method, cell.config.seed): cell.config for cell in cells}
@@ -471,5 +513,5 @@ def plan_suite(suite_path: Path, out: Path, datasets: list[str] | None = None, m
     return list(plans.values())
 
 
-__all__ = ["SectionPlan", "code_sentence", "finished_results", "plan_suite", "run_cells", "run_suite", "stale",
-           "stale_judge", "stale_run_dir"]
+__all__ = ["SectionPlan", "code_sentence", "finished_results", "import_runs", "plan_suite", "run_cells", "run_slot",
+           "run_suite", "stale", "stale_judge", "stale_run_dir"]

@@ -37,7 +37,7 @@ from typing import Any
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 #: package paths whose edits cannot change a run's numbers (they read runs and render them)
-RENDERING_ONLY = ("report/", "cli/", "bench.py", "suites.py")
+RENDERING_ONLY = ("report/", "cli/", "bench.py", "slots.py", "suites.py")
 #: folders of run-specific sources: a method's, a model's, a dataset's, an attack's and the networks they build
 SPECIFIC = ("methods/", "models/", "nn/", "attacks/", "data/datasets/")
 #: files in those folders every run goes through (registries, base classes): part of the engine

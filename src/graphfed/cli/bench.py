@@ -53,6 +53,15 @@ def bench(suite: Annotated[Path, typer.Argument(help="suite YAML: methods x data
           plan: Annotated[bool, typer.Option(help="run and write nothing: per dataset, the runs finished by today's "
                                              "code, by other code (stale) and not at all, and the training time "
                                              "the rest needs")] = False,
+          time_budget: Annotated[float | None, typer.Option(min=1, help="a slot of this many seconds: start each "
+                                                            "run only when its projected time fits what is left, "
+                                                            "the claims' cells first, and write the finished runs "
+                                                            "to one archive (--archive)")] = None,
+          archive: Annotated[Path | None, typer.Option(help="--time-budget: the archive to write (default "
+                                                       "OUT/slot.tar.gz, at most 16 MiB)")] = None,
+          import_from: Annotated[Path | None, typer.Option("--import", help="merge a slot's archive into OUT "
+                                                           "(files, configs and code ids checked) and rewrite the "
+                                                           "report")] = None,
           verbose: bool = False) -> None:
     """Run a benchmark suite (resumable: finished cells are skipped) and write OUT/report.md (or the suite's
     report name)."""
@@ -62,6 +71,22 @@ def bench(suite: Annotated[Path, typer.Argument(help="suite YAML: methods x data
     from graphfed.config import apply_overrides
 
     setup_logging(verbose)
+    if import_from is not None:
+        from graphfed.bench import import_runs
+
+        check_out(out)
+        report, count = import_runs(suite, out, import_from, echo=console.print)
+        console.print(f"imported {count} run(s) from {import_from}; report: [bold]{report}[/bold]")
+        return
+    if time_budget is not None:
+        from graphfed.bench import run_slot
+
+        check_out(out)
+        report, written, count = run_slot(suite, out, time_budget, archive, names(datasets), names(methods), seeds,
+                                          apply_overrides({}, overrides or []), data_dir, in_process,
+                                          echo=console.print)
+        console.print(f"report: [bold]{report}[/bold]; archive: {written}")
+        return
     if plan:
         try:
             _print_plan(suite, out, names(datasets), names(methods), seeds, apply_overrides({}, overrides or []))
