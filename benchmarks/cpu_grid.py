@@ -21,11 +21,11 @@ fc 512->10: graphfed's ``lenet`` at 32 / 64 / 512 / 10), ``cnn-bn`` and ``resnet
 CIFAR-10 Dir(0.1) splits of 20 and 100 clients (each client's own training rows), 50 and 10 local steps, batch 10
 and 32. The loop there is the one PFLlib and FL-bench write: ``copy.deepcopy`` of the model per client, a shuffling
 ``DataLoader`` over the client's tensors (epochs until the steps are done), ``SGD``, ``zero_grad / backward /
-step``, the module called as a module. graphfed runs the chunk size a fresh calibration of the run's own kind picks
-(its choice, its time and its certainty are recorded); both sides run interleaved, best of ``--repeats``. For a
-network that trains its clients one at a time (CNN-BN, ResNet-like) a third side runs graphfed at one intra-op
-thread, its clients side by side (``graphfed.client.side_by_side``: the numbers of a ``torch_threads: 1`` run):
-``ratio_side_by_side``.
+step``, the module called as a module. graphfed runs as a run at the default settings does: the chunk size a fresh
+calibration of the run's own kind picks and, for a network that trains its clients one at a time (CNN-BN,
+ResNet-like), the thread count a fresh measurement picks (``graphfed.client.thread_choice``: the default threads,
+or one each with clients side by side); each choice, its time and its certainty are recorded. Both sides run
+interleaved, best of ``--repeats``. The grid's cells make the same two choices.
 
     .venv/bin/python benchmarks/cpu_grid.py             # writes benchmarks/results/cpu_grid.json
     .venv/bin/python benchmarks/cpu_grid.py --realistic --out benchmarks/results/cpu_realistic.json
@@ -50,7 +50,8 @@ from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 from graphfed.client.autotune import ChunkChoice, choose_clients_per_chunk
 from graphfed.client.contract import LocalTraining, plain_sgd
-from graphfed.client.side_by_side import side_by_side_workers
+from graphfed.client.side_by_side import on_one_thread
+from graphfed.client.thread_choice import CHOICE_STEPS, SCORED_ROWS, RoundShape, ThreadsChoice, choose_torch_threads
 from graphfed.client.training import train_clients
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import ClientSplit
@@ -180,6 +181,40 @@ def fresh_calibration(model: TargetModel, spec: ParamSpec, data: ClientSplit, tr
     return choice, time.perf_counter() - began
 
 
+def fresh_threads_choice(model: TargetModel, spec: ParamSpec, training: LocalTraining, clients: int,
+                         input_shape: tuple[int, ...]) -> tuple[ThreadsChoice | None, float]:
+    """The thread count a run at the default settings measures at its start, from an empty cache (None for a network
+    that batches its clients: it keeps the default threads), and its seconds. The run: every client trains each
+    round, scored every 10 rounds (``train.eval_every``'s default)."""
+    if not model.loops_clients_on(torch.device("cpu")) or torch.get_num_threads() == 1:
+        return None, 0.0
+    began = time.perf_counter()
+    rule = plain_sgd(spec, "classification", LocalTraining(min(training.steps, CHOICE_STEPS), training.batch_size,
+                                                           training.lr))
+    shape = RoundShape(clients * training.steps, 2 * clients * SCORED_ROWS / 10)
+    with tempfile.TemporaryDirectory() as cache:
+        choice = choose_torch_threads(model, spec, rule, input_shape, CLASSES, shape, Path(cache) / "autotune.json")
+    return choice, time.perf_counter() - began
+
+
+def at_default_settings(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data: ClientSplit,
+                        training: LocalTraining) -> tuple[Any, dict[str, Any]]:
+    """graphfed's side as a run with the default settings trains: the chunk size and the thread count its fresh
+    calibrations choose; and the record of both."""
+    chunk, calibration_s = fresh_calibration(model, spec, data, training, data.num_clients)
+    model.clients_per_chunk = chunk.clients_per_chunk
+    threads, threads_s = fresh_threads_choice(model, spec, training, data.num_clients, tuple(data.x.shape[1:]))
+    record = {"execution": chunk.record(), "calibration_s": round(calibration_s + threads_s, 3)}
+    if threads is None or threads.torch_threads == torch.get_num_threads():
+        return (lambda: run_graphfed(model, spec, start, data, training)), {**record, **threads_record(threads)}
+    return (lambda: on_one_thread(lambda: run_graphfed(model, spec, start, data, training))), \
+        {**record, **threads_record(threads)}
+
+
+def threads_record(choice: ThreadsChoice | None) -> dict[str, Any]:
+    return {} if choice is None else {"threads": choice.record()}
+
+
 def measure_realistic(model_name: str, options: dict[str, Any], data: ClientSplit, steps: int, batch: int,
                       repeats: int) -> dict[str, Any]:
     torch.manual_seed(0)
@@ -187,15 +222,8 @@ def measure_realistic(model_name: str, options: dict[str, Any], data: ClientSpli
     spec = ParamSpec.from_module(model)
     start = spec.flatten_module(model).unsqueeze(0).repeat(data.num_clients, 1)
     training = LocalTraining(steps, batch, 0.05)
-    choice, calibration_s = fresh_calibration(model, spec, data, training, data.num_clients)
-    model.clients_per_chunk = choice.clients_per_chunk
-    sides = {"graphfed": lambda: run_graphfed(model, spec, start, data, training),
-             "loop": lambda: run_module_loop(model, spec, start, data, training)}
-    threads = torch.get_num_threads()
-    side_by_side = model.loops_clients_on(torch.device("cpu")) and threads > 1
-    if side_by_side:  # the same network's clients side by side, one intra-op thread each (torch_threads: 1)
-        sides["graphfed_side_by_side"] = lambda: on_one_thread(lambda: run_graphfed(model, spec, start, data,
-                                                                                    training), threads)
+    graphfed, choices = at_default_settings(model, spec, start, data, training)
+    sides = {"graphfed": graphfed, "loop": lambda: run_module_loop(model, spec, start, data, training)}
     for run in sides.values():  # warm-up
         run()
     times = {name: float("inf") for name in sides}
@@ -204,23 +232,9 @@ def measure_realistic(model_name: str, options: dict[str, Any], data: ClientSpli
         for name, run in (sides.items() if repeat % 2 == 0 else reversed(sides.items())):
             times[name] = min(times[name], best_time(run, 1))
     return {"model": model_name, "options": options, "parameters": spec.dim, "clients": data.num_clients,
-            "median_rows": int(data.counts.median()), "batch": batch, "steps": steps,
-            "execution": choice.record(), "calibration_s": round(calibration_s, 3),
+            "median_rows": int(data.counts.median()), "batch": batch, "steps": steps, **choices,
             "graphfed_s": round(times["graphfed"], 3), "loop_s": round(times["loop"], 3),
-            "ratio": round(times["loop"] / times["graphfed"], 3),
-            **({"clients_side_by_side": on_one_thread(lambda: side_by_side_workers(torch.device("cpu")), threads),
-                "graphfed_side_by_side_s": round(times["graphfed_side_by_side"], 3),
-                "ratio_side_by_side": round(times["loop"] / times["graphfed_side_by_side"], 3)} if side_by_side
-               else {})}
-
-
-def on_one_thread(work: Any, threads: int) -> Any:
-    """``work()`` with torch on one intra-op thread (a run with ``torch_threads: 1``), then ``threads`` again."""
-    torch.set_num_threads(1)
-    try:
-        return work()
-    finally:
-        torch.set_num_threads(threads)
+            "ratio": round(times["loop"] / times["graphfed"], 3)}
 
 
 def realistic(repeats: int, data_dir: Path, models: list[str] | None) -> list[dict[str, Any]]:
@@ -233,20 +247,17 @@ def realistic(repeats: int, data_dir: Path, models: list[str] | None) -> list[di
             for batch in BATCHES:
                 cell = measure_realistic(model_name, options, data, steps, batch, repeats)
                 cells.append(cell)
-                side = (f"; side by side {cell['graphfed_side_by_side_s']:.2f} s, {cell['ratio_side_by_side']:.2f}x"
-                        if "ratio_side_by_side" in cell else "")
                 print(f"{model_name:12s} {clients:4d} clients x {steps} steps, batch {batch:3d}: graphfed "
-                      f"{cell['graphfed_s']:.2f} s ({cell['execution']['clients_per_chunk']} per chunk, "
-                      f"calibration {cell['calibration_s']:.1f} s), loop {cell['loop_s']:.2f} s, ratio "
-                      f"{cell['ratio']:.2f}x{side}", flush=True)
+                      f"{cell['graphfed_s']:.2f} s ({how_it_ran(cell)}, calibration {cell['calibration_s']:.1f} s), "
+                      f"loop {cell['loop_s']:.2f} s, ratio {cell['ratio']:.2f}x", flush=True)
     return cells
 
 
-def recommended_ratio(cell: dict[str, Any]) -> float:
-    """A realistic cell's ratio at the setting the docs recommend for its network on a CPU: clients side by side
-    (``torch_threads: 1``) for a network that runs its clients one by one, the default threads otherwise. Decided
-    per network, not per cell, so no cell picks its luckier timing."""
-    return cell.get("ratio_side_by_side", cell["ratio"])
+def how_it_ran(cell: dict[str, Any]) -> str:
+    threads = cell.get("threads")
+    side = ("" if threads is None else f", {threads['torch_threads']} thread(s)"
+            + (f", {threads['clients_side_by_side']} side by side" if threads["torch_threads"] == 1 else ""))
+    return f"{cell['execution']['clients_per_chunk']} per chunk{side}"
 
 
 def best_time(run: Any, repeats: int) -> float:
@@ -265,11 +276,11 @@ def measure(model_name: str, clients: int, batch: int, steps: int, repeats: int,
     start = spec.flatten_module(model).unsqueeze(0).repeat(clients, 1)
     data = client_data(model_name, clients, seed)
     training = LocalTraining(steps, batch, 0.05)
-    # graphfed batches clients as a run would: the chunk size its start-of-run calibration measures (not cached)
-    choice, calibration_s = fresh_calibration(model, spec, data, training, clients)
-    model.clients_per_chunk = choice.clients_per_chunk
+    # graphfed runs as a run at the default settings would: the chunk size and threads its start-of-run
+    # calibrations measure (not cached)
+    graphfed, choices = at_default_settings(model, spec, start, data, training)
     # the loop a second time, as its own side: loop / loop_again is what timing noise alone does to a ratio here
-    sides = {"graphfed": lambda: run_graphfed(model, spec, start, data, training),
+    sides = {"graphfed": graphfed,
              "loop": lambda: run_loop(model, spec, start, data, training),
              "loop_again": lambda: run_loop(model, spec, start, data, training)}
     for run in sides.values():  # warm-up
@@ -279,7 +290,7 @@ def measure(model_name: str, clients: int, batch: int, steps: int, repeats: int,
         for name, run in sides.items():
             times[name] = min(times[name], best_time(run, 1))
     return {"model": model_name, "parameters": spec.dim, "clients": clients, "batch": batch, "steps": steps,
-            "clients_per_chunk": choice.clients_per_chunk, "calibration_s": round(calibration_s, 3),
+            "clients_per_chunk": choices["execution"]["clients_per_chunk"], **choices,
             "graphfed_s": round(times["graphfed"], 4), "loop_s": round(times["loop"], 4),
             "ratio": round(times["loop"] / times["graphfed"], 3),
             "noise_ratio": round(times["loop"] / times["loop_again"], 3)}
@@ -304,10 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         result = {"benchmark": "cpu_realistic", "torch": torch.__version__, "threads": args.threads,
                   "machine": machine_info(), "cells": cells,
                   "cells_below_1x": [f"{c['model']} {c['clients']}x{c['steps']} b{c['batch']}: {c['ratio']}x"
-                                     for c in cells if c["ratio"] < 1.0],
-                  "cells_below_1x_at_the_recommended_setting": [
-                      f"{c['model']} {c['clients']}x{c['steps']} b{c['batch']}: {recommended_ratio(c)}x"
-                      for c in cells if recommended_ratio(c) < 1.0], "code": code_provenance()}
+                                     for c in cells if c["ratio"] < 1.0], "code": code_provenance()}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"{len(cells)} cells, {len(result['cells_below_1x'])} below 1.0x -> {args.out}")
@@ -319,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                 cell = measure(model_name, clients, batch, args.steps, args.repeats, args.seed)
                 cells.append(cell)
                 print(f"{model_name:12s} {clients:4d} clients batch {batch:3d}: graphfed {cell['graphfed_s']:.3f} s "
-                      f"({cell['clients_per_chunk']} per chunk), "
+                      f"({how_it_ran(cell)}), "
                       f"loop {cell['loop_s']:.3f} s, ratio {cell['ratio']:.2f}x (loop/loop {cell['noise_ratio']:.2f})",
                       flush=True)
     below = [cell for cell in cells if cell["ratio"] < 1.0]

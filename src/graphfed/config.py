@@ -398,8 +398,10 @@ class RunConfig(_Strict):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     torch_threads: int | None = Field(default=None, ge=1, description="CPU threads torch uses (default: "
-                                      "torch's own choice); at 1, clients of a network that runs its clients one "
-                                      "by one (BatchNorm) train side by side on every core, with the same numbers")
+                                      "torch's own choice, or 1 where a start-of-run measurement finds that "
+                                      "faster; the run's config.yaml records the count); at 1, clients of a "
+                                      "network that runs its clients one by one (BatchNorm) train side by side "
+                                      "on every core, with the same numbers")
 
     @model_validator(mode="after")
     def _names_exist(self) -> RunConfig:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,6 +24,7 @@ from graphfed.client.executor import ArchitectureRuntime, ClientExecutor, Client
 from graphfed.client.placement import HostRandomDraws, resolve_device, use_tensor_cores
 from graphfed.client.privacy import PrivacyPlan, plan_privacy
 from graphfed.client.side_by_side import side_by_side_workers
+from graphfed.client.thread_choice import CHOICE_STEPS, SCORED_ROWS, RoundShape, ThreadsChoice, choose_torch_threads
 from graphfed.config import RunConfig
 from graphfed.core import rng
 from graphfed.core.memory import check_fits, fits
@@ -310,11 +311,70 @@ def check_before_data(config: RunConfig, method: MethodSetup) -> None:
         method.client_rule(client_setting(model, ParamSpec.from_module(model), stub, method.training))  # type: ignore[arg-type]
 
 
+def resolve_torch_threads(config: RunConfig, measure: bool = True) -> tuple[RunConfig, dict[str, Any] | None]:
+    """``config`` with ``torch_threads`` set, and the record of how it was chosen. A count the config gives is kept;
+    unset, it is this process's count, except for a classification network that trains its clients one by one on
+    a CPU (BatchNorm), where one thread each with clients side by side is measured against it on a round of the
+    config's shape and cached (:mod:`graphfed.client.thread_choice`; ``train.autotune: false`` keeps the count).
+    Decided before the data are read, on rows of the dataset's shape, so everything the run computes uses the
+    recorded count. ``measure=False`` (clients that run in other processes) keeps this process's count."""
+    if config.torch_threads is not None:
+        return config, None
+    _restore_own_threads()
+    choice = (_measured_threads(config) if measure and torch.get_num_threads() > 1 and config.train.autotune
+              else None)
+    threads = torch.get_num_threads() if choice is None else choice.torch_threads
+    return config.model_copy(update={"torch_threads": threads}), None if choice is None else choice.record()
+
+
+#: the thread count a run last set (``torch_threads``), and the process's own count before runs set it
+_RUN_THREADS: dict[str, int] = {}
+
+
+def set_run_threads(threads: int) -> None:
+    """torch's intra-op threads for a run, remembering the process's own count the first time a run changes it."""
+    current = torch.get_num_threads()
+    if _RUN_THREADS.get("set") != current:  # not a count a run set: the process's (or its user's) own
+        _RUN_THREADS["own"] = current
+    torch.set_num_threads(threads)
+    _RUN_THREADS["set"] = threads
+
+
+def _restore_own_threads() -> None:
+    """Back to the process's own count if an earlier run changed it (a run that chose 1 thread for its BatchNorm
+    clients leaves the next run, of another network, to choose from the process's count again)."""
+    if "own" in _RUN_THREADS and torch.get_num_threads() == _RUN_THREADS["set"]:
+        torch.set_num_threads(_RUN_THREADS["own"])
+        _RUN_THREADS["set"] = _RUN_THREADS["own"]
+
+
+def _measured_threads(config: RunConfig) -> ThreadsChoice | None:
+    """The thread count measured (or cached) for ``config``'s network, None where there is nothing to choose."""
+    info = DATASETS.get(config.dataset.name)
+    if (config.model.architectures is not None or info is None or info.shape is None
+            or info.task != "classification" or resolve_device(config.train.device).type != "cpu"):
+        return None
+    method, train = resolve_method(config), config.train
+    input_shape, output_dim = info.shape(config.dataset)
+    stub = SimpleNamespace(name=config.dataset.name, task=info.task, input_shape=input_shape, output_dim=output_dim)
+    with torch.random.fork_rng(devices=[]):
+        model = build_model(config.model.name, stub, config.model.options)  # type: ignore[arg-type]
+    if not model.loops_clients_on(torch.device("cpu")):
+        return None
+    spec = ParamSpec.from_module(model)
+    training = replace(method.training, steps=min(method.training.steps, CHOICE_STEPS))
+    rule = method.client_rule(client_setting(model, spec, stub, training))  # type: ignore[arg-type]
+    clients = config.dataset.num_clients or train.clients_per_round
+    shape = RoundShape(min(train.clients_per_round, clients) * method.training.steps,
+                       2 * clients * SCORED_ROWS / train.eval_every)
+    return choose_torch_threads(model, spec, rule, tuple(input_shape), output_dim, shape)
+
+
 def build_setup(config: RunConfig, federation: Federation | None = None) -> Setup:
     """The data (``federation``, or built from ``config.dataset``), the clients' side and the method, in the order
     that fixes every random draw."""
     if config.torch_threads:
-        torch.set_num_threads(config.torch_threads)
+        set_run_threads(config.torch_threads)
     method = resolve_method(config)
     device = resolve_device(config.train.device)
     if federation is None:

@@ -159,12 +159,13 @@ def choose_clients_per_chunk(model: TargetModel, spec: ParamSpec, data: ClientSp
     return ChunkChoice(best, "measured", medians, certainty)
 
 
-def decide(timings: dict[int, list[float]], default: int, on_cpu: bool) -> tuple[int, dict[str, Any]]:
-    """The chunk size the timings support, and how sure: the model's ``default`` unless another size beats it
-    beyond noise, i.e. every one of its timings is below every timing of the default (with the interleaved rounds,
-    a chance ordering of two equal sizes has odds 1 in 252 at 5 rounds) and its median is TOLERANCE below; among
-    the sizes that do, the fastest (within TOLERANCE: the smallest on a CPU, the safe side; the largest on an
-    accelerator, which amortises launches)."""
+def decide(timings: dict[int, list[float]], default: int, on_cpu: bool,
+           kept: str = "the default") -> tuple[int, dict[str, Any]]:
+    """The chunk size the timings support, and how sure: the model's ``default`` (named ``kept`` in the record)
+    unless another size beats it beyond noise, i.e. every one of its timings is below every timing of the default
+    (with the interleaved rounds, a chance ordering of two equal sizes has odds 1 in 252 at 5 rounds) and its
+    median is TOLERANCE below; among the sizes that do, the fastest (within TOLERANCE: the smallest on a CPU, the
+    safe side; the largest on an accelerator, which amortises launches)."""
     medians = {size: statistics.median(values) for size, values in timings.items()}
     spread = max((max(values) - min(values)) / statistics.median(values) for values in timings.values())
     rounds = min(len(values) for values in timings.values())
@@ -176,14 +177,14 @@ def decide(timings: dict[int, list[float]], default: int, on_cpu: bool) -> tuple
     winners = [size for size in medians if size != default and beats_default(size)]
     if not winners:
         fastest = min(medians, key=medians.__getitem__)
-        decided = ("the default is the fastest" if fastest == default else
-                   f"the default kept: {fastest} measured faster, within the timings' spread")
+        decided = (f"{kept} is the fastest" if fastest == default else
+                   f"{kept} kept: {fastest} measured faster, within the timings' spread")
         return default, {"decided": decided, "spread": round(spread, 3), "rounds": rounds}
     fastest = min(medians[size] for size in winners)
     close = [size for size in winners if medians[size] <= fastest * (1 + TOLERANCE)]
     best = min(close) if on_cpu else max(close)
     margin = 1 - medians[best] / medians[default]
-    return best, {"decided": f"{margin:.0%} faster than the default {default}, every timing below the default's",
+    return best, {"decided": f"{margin:.0%} faster than {kept} {default}, every timing below {kept}'s",
                   "spread": round(spread, 3), "rounds": rounds}
 
 
@@ -323,6 +324,11 @@ def _pack_entry(value: Any) -> bool:
                                                                                              dict)
 
 
+def _threads_entry(value: Any) -> bool:
+    return (isinstance(value, dict) and isinstance(value.get("torch_threads"), int) and value["torch_threads"] >= 1
+            and isinstance(value.get("seconds_per_round"), dict))
+
+
 def _read_cache(path: Path, valid: Callable[[Any], bool] = _chunk_entry) -> dict[str, Any]:
     """The cached choices of one kind (``valid`` tells its entries); an unreadable or malformed cache counts as
     empty (it is only a cache)."""
@@ -338,7 +344,7 @@ def _read_cache(path: Path, valid: Callable[[Any], bool] = _chunk_entry) -> dict
 def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
     """Adds ``entry`` atomically (a temporary file renamed over the old one); a cache that cannot be written only
     costs a calibration next time."""
-    entries = _read_cache(path, lambda value: _chunk_entry(value) or _pack_entry(value))
+    entries = _read_cache(path, lambda value: _chunk_entry(value) or _pack_entry(value) or _threads_entry(value))
     entries[key] = entry
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -67,6 +67,16 @@ def map_side_by_side(work: Callable[[Item], Result], items: Iterable[Item], work
         yield pending.popleft().result()
 
 
+def on_one_thread(work: Callable[[], Result]) -> Result:
+    """``work()`` with torch on one intra-op thread (as a ``torch_threads: 1`` run), then the count it had."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return work()
+    finally:
+        torch.set_num_threads(threads)
+
+
 @functools.cache
 def usable_cores() -> int:
     """The CPU cores this process may run on (its affinity where the system says, else every core)."""

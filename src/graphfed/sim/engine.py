@@ -35,7 +35,7 @@ from graphfed.core import rng
 from graphfed.data.federation import Federation
 from graphfed.errors import NonFiniteUpdateError, RunStoppedError
 from graphfed.runs import RunResult
-from graphfed.setup import Setup, build_setup
+from graphfed.setup import Setup, build_setup, resolve_torch_threads
 from graphfed.sim import checkpoint
 from graphfed.sim.observe import (
     BestModels,
@@ -71,10 +71,10 @@ class Simulator:
                  federation: Federation | None = None, progress: bool = True,
                  executor: Callable[[Setup], ClientExecutor] | None = None,
                  checkpoint_every: int | None = None) -> None:
-        if config.torch_threads is None:
-            # Float sums depend on the intra-op thread count: record the count this machine uses, so the run's
-            # own config.yaml reproduces its numbers bit for bit elsewhere.
-            config = config.model_copy(update={"torch_threads": torch.get_num_threads()})
+        # Float sums depend on the intra-op thread count: record the count this run uses (this machine's, or one
+        # thread each with clients side by side where that measures faster; not measured where the clients run
+        # elsewhere, e.g. on Flower nodes), so its config.yaml reproduces its numbers bit for bit elsewhere.
+        config, threads_choice = resolve_torch_threads(config, measure=executor is None)
         self.config = config
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.progress = progress
@@ -120,6 +120,8 @@ class Simulator:
         self.trivial = trivial_scores(fed.train, fed.test, fed.task, fed.output_dim)
         # how many clients train at once on this machine (measured once per shape, cached): before round 1
         self.execution = self.setup.clients.plan_execution(self.clients_per_round)
+        if threads_choice is not None:
+            self.execution["threads"] = threads_choice
         #: what the run's elapsed time is read from (a pack gives each member its share of the time it spends)
         self.clock: Callable[[], float] = time.perf_counter
         self._segment_start = self.clock()
