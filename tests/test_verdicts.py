@@ -171,3 +171,30 @@ def test_holm_keeps_a_difference_significant_alone_undecided_among_several() -> 
     assert p is not None and 0.025 < p < 0.05 and pair["tied"].relation == "undecided"
     assert alone["close"].relation == "worse" and pair["close"].relation == "undecided"
     assert pair["close"].seeds_needed is not None and pair["close"].seeds_needed > 4
+
+
+def test_each_section_states_its_budget_as_training_rows_against_each_papers() -> None:
+    """The paper suite's budgets in rows processed over a run: FL-60's 300 of Panacea's 800 rounds of the same round
+    (37.5 %), the 5-step CIFAR-10 grid against FedAGHN's 200 rounds x 20 clients x 5 epochs of 2,100 rows and
+    pFedGAT's 50 rounds x 25 clients x 5 epochs of 1,680 (50 x 20 x 5 x 32 rows: 0.38 % and 1.5 %), a section no
+    paper runs states none; a budget that gives neither or both kinds of local work is refused."""
+    from pydantic import ValidationError
+
+    from graphfed.report.suite import budget_line
+    from graphfed.suites import PaperBudget
+
+    suite = load_suite(packaged_suites()["paper"])
+
+    def line(key: str) -> str:
+        entry = suite.datasets[key]
+        return budget_line(entry, type("Train", (), entry.config["train"])())
+
+    assert "38 % of Panacea's (800 rounds x 5 clients x 50 steps of batch 64; rounds: 300 of 800)" in line("fl60")
+    assert "100 % of Panacea's" in line("fl60-800")
+    grid = line("cifar10-dir0.1")
+    assert "0.38 % of FedAGHN's (200 rounds x its clients x 5 epochs of 2,100 rows" in grid
+    assert "1.5 % of pFedGAT's (50 rounds x 25 clients x 5 epochs of 1,680 rows" in grid
+    assert line("femnist") == ""  # no paper runs it (its description says so)
+    for wrong in ({}, {"local_steps": 5, "batch_size": 32, "local_epochs": 5, "rows_per_client": 100}):
+        with pytest.raises(ValidationError, match="local_steps and batch_size, or local_epochs"):
+            PaperBudget(paper="X", rounds=10, **wrong)

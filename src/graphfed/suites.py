@@ -57,6 +57,42 @@ class PaperReference(_Strict):
     numbers: dict[str, PaperCell] = Field(default_factory=dict)
 
 
+class PaperBudget(_Strict):
+    """What one run of a paper's setting trains: its rounds, clients per round, and each client's work a round,
+    either local steps of a batch or local epochs over the client's rows. The report compares training rows
+    processed over a run, the section's against the paper's."""
+
+    paper: str = Field(description="whose budget, e.g. 'FedAGHN'")
+    rounds: int = Field(ge=1)
+    clients_per_round: int | None = Field(default=None, ge=1, description="default: the section's own (the paper "
+                                          "does not say, or trains every client)")
+    local_steps: int | None = Field(default=None, ge=1)
+    batch_size: int | None = Field(default=None, ge=1)
+    local_epochs: float | None = Field(default=None, gt=0)
+    rows_per_client: float | None = Field(default=None, gt=0, description="a client's training rows in the "
+                                          "paper's split (to count its epochs in rows)")
+
+    @model_validator(mode="after")
+    def _one_kind_of_local_work(self) -> PaperBudget:
+        steps = self.local_steps is not None and self.batch_size is not None
+        epochs = self.local_epochs is not None and self.rows_per_client is not None
+        if steps == epochs:
+            raise ValueError("a paper budget gives local_steps and batch_size, or local_epochs and rows_per_client")
+        return self
+
+    def rows_per_round(self) -> float:
+        """Training rows one client processes in a round."""
+        if self.local_steps is not None and self.batch_size is not None:
+            return float(self.local_steps * self.batch_size)
+        return float(self.local_epochs or 0) * float(self.rows_per_client or 0)
+
+    def describe(self) -> str:
+        work = (f"{self.local_steps} steps of batch {self.batch_size}" if self.local_steps is not None
+                else f"{self.local_epochs:g} epochs of {self.rows_per_client:,.0f} rows")
+        clients = f"{self.clients_per_round} clients" if self.clients_per_round else "its clients"
+        return f"{self.rounds} rounds x {clients} x {work}"
+
+
 class Variant(_Strict):
     """A method under its own label with fixed options, e.g. ``fedaghn-released``, and optionally its own run
     settings merged over the dataset's (an ablation of K_c is ``config: {train: {local_steps: 1}}``)."""
@@ -92,8 +128,9 @@ class SuiteDataset(_Strict):
     method_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
     variants: dict[str, Variant] = Field(default_factory=dict)
     seeds: int | None = Field(default=None, ge=1, description="default: the suite's seeds")
-    paper_rounds: int | None = Field(default=None, ge=1, description="the rounds the paper ran this setting for: "
-                                     "the report states the section's budget as a fraction of it")
+    paper_budgets: list[PaperBudget] = Field(default_factory=list, description="what the papers ran this "
+                                             "setting for: the report states the section's budget as a fraction "
+                                             "of each")
     paper: list[PaperReference] = Field(default_factory=list)
 
     @model_validator(mode="after")

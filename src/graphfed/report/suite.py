@@ -111,8 +111,7 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
               f"{train.clients_per_round} clients per round, {train.local_steps} local steps of batch "
               f"{train.batch_size} at lr {train.lr}; evaluation every {train.eval_every} rounds; seeds "
               f"{', '.join(map(str, seeds))}. {metric_note(config_metric(rows), units)}"
-              + (f" Budget: {train.rounds} of the paper's {entry.paper_rounds} rounds "
-                 f"({100 * train.rounds / entry.paper_rounds:.0f} % of its budget)." if entry.paper_rounds else ""),
+              + (f" {budget_line(entry, train)}" if entry.paper_budgets else ""),
               ""]
     if own_settings:
         lines += ["Rows with their own settings (the rest as above): " + "; ".join(
@@ -166,6 +165,24 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
                             title=f"{entry.title or key} (seed {config.seed})")
         lines += ["", f"![convergence, {key}](plots/{key}.png)"]
     return "\n".join(lines) + "\n", rows
+
+
+def budget_line(entry: SuiteDataset, train: Any) -> str:
+    """The section's budget as a fraction of each paper's, in training rows processed over a run (rounds x clients
+    per round x a client's rows a round)."""
+    if not entry.paper_budgets:
+        return ""
+    ours = train.rounds * train.clients_per_round * train.local_steps * train.batch_size
+    parts = []
+    for budget in entry.paper_budgets:
+        theirs = budget.rounds * (budget.clients_per_round or train.clients_per_round) * budget.rows_per_round()
+        parts.append(f"{_percent(ours / theirs)} of {budget.paper}'s ({budget.describe()}; rounds: {train.rounds} of "
+                     f"{budget.rounds})")
+    return "Budget, in training rows processed: " + "; ".join(parts) + "."
+
+
+def _percent(share: float) -> str:
+    return f"{100 * share:.2g} %" if share < 0.1 else f"{100 * share:.0f} %"
 
 
 def config_metric(rows: list[dict[str, Any]]) -> str:
