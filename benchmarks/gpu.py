@@ -25,7 +25,11 @@
    packed over sequential. The issue's target: >= 10x at S = 20. (The paper-budget runs themselves are ``graphfed
    bench paper-gpu --datasets fedaghn-cifar10-dir0.1 --methods fedaghn,local --seeds 5``,
    which packs each method's seeds and resumes by run.)
-8. **sensitivity** (not in the default parts; any machine, ``--device cpu``): how far one round of each method's
+8. **floor**: FedAGHN's CIFAR-10 client step (CNN-BN, 20 clients x batch 32) at fp32, tf32 and bf16 against the
+   same images as one network's batch (NCHW and channels-last) and the device's peak (a large matmul, a large
+   copy): achieved TFLOP/s, a lower bound of GB/s, and ``graphfed_over_floor`` (``gpu_floor.py``). The issue's
+   target: within 1.3x of the same-precision floor.
+9. **sensitivity** (not in the default parts; any machine, ``--device cpu``): how far one round of each method's
    tiny config moves on the CPU when every op's result is off by a rounding-sized amount (:class:`RoundingNoise`):
    the yardstick parity uses where summaries differ. FLHA-GHN's deep width-4 networks on a few rows amplify
    rounding about 10^4-fold, FedAvg's MLP not at all.
@@ -71,6 +75,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 import cnn_throughput  # noqa: E402
+import gpu_floor  # noqa: E402
 from golden_runs import KEYS, config_of, merged, methods  # noqa: E402
 
 RESULTS = HERE / "results"
@@ -82,7 +87,7 @@ QUICK_METHODS = ("fedavg", "panacea", "fedaghn")
 DETERMINISM_METHODS = ("fedbn", "panacea", "fedaghn", "flha-ghn")
 #: methods run with their clients' rows left in host memory (``train.client_data: host``) beside on the device
 HOST_ROWS_METHODS = ("fedavg", "panacea", "fedaghn", "fedbn")
-DEFAULT_PARTS = ("parity", "throughput", "projection", "determinism", "host_rows", "profile", "pack")
+DEFAULT_PARTS = ("parity", "floor", "throughput", "projection", "determinism", "host_rows", "profile", "pack")
 #: pack sizes the pack part measures (the quick CPU run: 1 and 2)
 PACK_SIZES = (1, 5, 10, 20)
 PARTS = (*DEFAULT_PARTS, "sensitivity")
@@ -331,31 +336,37 @@ def projection(device: torch.device, quick: bool, sections: list[str] | None,
 
 def pack(device: torch.device, quick: bool, record: Callable[[dict[str, Any]], None]) -> None:
     """Runs per hour of FedAGHN's CIFAR-10 Dir(0.1) section at the paper's budget, one run after another (S = 1) and
-    packed: each size runs 3 rounds (the first one warms up), the steady round projected to the section's rounds."""
+    packed: each size runs 2 rounds and 4 rounds, each evaluated at its last round only, and half their difference
+    is the steady round of local training and aggregation (the first round's warm-up and the one evaluation cancel),
+    projected to the section's rounds (its evaluations, every 10 rounds, not counted: the ratio is of the step that
+    packs share)."""
     from graphfed.sim.pack import Pack
 
     suite = load_suite(packaged_suites()["paper-gpu"])
     key = "fedaghn-cifar10-dir0.1"
     cell = next(cell for cell in suite_cells(suite, [key], ["fedaghn"], seeds=1))
     rounds = cell.config.train.rounds
-    # evaluated every round, as the projection part: the projected time is an upper bound
-    overrides = ["train.rounds=3", "train.eval_every=1", "train.checkpoint_every=3", f"train.device={device}"]
-    if quick:
-        overrides += ["train.local_steps=2", "dataset.client_fraction=0.02", "model.options={channels: 4, hidden: 16}"]
+    extra = (["train.local_steps=2", "dataset.client_fraction=0.02", "model.options={channels: 4, hidden: 16}"]
+             if quick else [])
     base = cell.config.model_dump(mode="json", exclude_unset=True)
+
+    def pack_seconds(size: int, run_rounds: int) -> float:
+        """The wall seconds of a pack of ``size`` runs of ``run_rounds`` rounds: its members' shares summed."""
+        overrides = [f"train.rounds={run_rounds}", f"train.eval_every={run_rounds}",
+                     f"train.checkpoint_every={run_rounds}", f"train.device={device}", *extra]
+        configs = [validate_config(apply_overrides({**base, "seed": seed}, overrides)) for seed in range(size)]
+        with tempfile.TemporaryDirectory() as out_dir:
+            dirs = [Path(out_dir) / f"seed{seed}" for seed in range(size)]
+            Pack(configs, list(dirs), batched=size > 1).run()
+            return sum(RoundLog(folder).read()[-1]["wall_seconds"] for folder in dirs)
+
     sequential = None
     for size in (1, 2) if quick else PACK_SIZES:
-        configs = [validate_config(apply_overrides({**base, "seed": seed}, overrides)) for seed in range(size)]
         try:
-            with tempfile.TemporaryDirectory() as out_dir:
-                dirs = [Path(out_dir) / f"seed{seed}" for seed in range(size)]
-                Pack(configs, list(dirs), batched=size > 1).run()
-                walls = [[entry["wall_seconds"] for entry in RoundLog(folder).read()] for folder in dirs]
+            steady = (pack_seconds(size, 4) - pack_seconds(size, 2)) / 2
         except DataMissingError as error:
             record({"section": key, "runs": size, "skipped": str(error).split(";")[0]})
             return
-        # each member's wall time is its share of the pack's: the pack's steady round is their sum
-        steady = sum((wall[-1] - wall[0]) / 2 for wall in walls)
         per_hour = size * 3600 / (steady * rounds)
         sequential = sequential or per_hour
         row = {"section": key, "runs": size, "rounds_projected": rounds, "steady_round_seconds": steady,
@@ -466,6 +477,8 @@ def main(argv: list[str] | None = None) -> int:
                 profile(device, args.quick, appender(part), args.out.parent, args.precision)
             elif part == "pack":
                 pack(device, args.quick, appender(part))
+            elif part == "floor":
+                gpu_floor.floor(device, args.quick, args.repeats, appender(part))
             elif part == "throughput":
                 result["throughput"] = throughput(device, args.quick, args.repeats, args.precision)
             else:

@@ -54,7 +54,16 @@ def test_the_quick_cpu_run_measures_parity_throughput_and_projection(tmp_path: P
     assert all(row["aten_ops"] > 100 and row["kernel_launches"] == 0 for row in result["profile"])
     assert "aten::" in (tmp_path / "profile-pfl-cifar10.txt").read_text()
     assert "sensitivity" not in result  # CPU-only, asked for by name
-    # packs of FedAGHN's CIFAR-10 section: S = 1 is the sequential reference, S = 2 its packed ratio
+    # the step against the floor at each precision: one FLOP count over each measured time, the same yardstick
+    assert [row["precision"] for row in result["floor"]] == ["fp32", "tf32", "bf16"]
+    for row in result["floor"]:
+        steps = row["step_seconds"]
+        assert row["graphfed_over_floor"] == steps["graphfed"] / min(steps["floor"], steps["floor_channels_last"])
+        images = row["clients"] * row["batch"]
+        assert row["tflops"]["graphfed"] == row["flop_per_image"] * images / steps["graphfed"] / 1e12 > 0
+        assert row["flop_per_image"] > 1e5 and row["peak"]["matmul_tflops"] > 0 and row["peak"]["copy_gbps"] > 0
+    # packs of FedAGHN's CIFAR-10 section (steady rounds without evaluation): S = 1 is the sequential reference,
+    # S = 2 its packed ratio
     assert [row["runs"] for row in result["pack"]] == [1, 2]
     single, packed = result["pack"]
     assert single["over_sequential"] == 1.0 and packed["runs_per_hour"] > 0
