@@ -584,13 +584,19 @@ def test_the_gpu_suite_holds_the_papers_budgets_as_valid_cells() -> None:
     cells = suite_cells(suite)
     for cell in cells:
         resolve_method(cell.config)  # the method's options parse
-        assert cell.config.train.device == "cuda"
+        assert (cell.config.train.device, cell.config.train.precision) == ("cuda", "tf32")
     by_key = {cell.dataset: cell.config for cell in cells}
     fedaghn = by_key["fedaghn-cifar10-dir0.1"]
     assert (fedaghn.train.rounds, fedaghn.model.name, fedaghn.train.clients_per_round) == (200, "cnn-bn", 20)
     assert fedaghn.train.local_steps * fedaghn.train.batch_size >= 5 * 2000  # 5 epochs of ~2,100 images
     assert by_key["panacea-metr-la"].train.rounds == 800
     assert by_key["flha-ghn-cifar10"].model.options["width"] == 64
+    # at the papers' budgets: each section's rows processed are within a few % of its paper's
+    from graphfed.report.suite import budget_line
+
+    for key, entry in suite.datasets.items():
+        share = budget_line(entry, by_key[key].train).split(": ")[1].split(" %")[0]
+        assert 95 <= float(share) <= 110, (key, share)
     # each section's time per run: measured on an H100 (benchmarks/results/gpu.json) or, where not yet, projected
     assert all("Measured:" in entry.description or "Expected about" in entry.description
                for entry in suite.datasets.values())
