@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from contextlib import nullcontext
 from types import SimpleNamespace
 from typing import Any
 
@@ -32,7 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from graphfed.client.autotune import choose_clients_per_chunk, synchronised_seconds
 from graphfed.client.contract import LocalTraining, plain_sgd
-from graphfed.client.placement import use_tensor_cores
+from graphfed.client.placement import autocast, use_tensor_cores
 from graphfed.client.thread_choice import synthetic_clients
 from graphfed.client.training import train_clients
 from graphfed.core.params import ParamSpec
@@ -51,13 +50,9 @@ def cnn_bn(device: torch.device, quick: bool) -> TargetModel:
     return build_model("cnn-bn", shape, options).to(device)  # type: ignore[arg-type]
 
 
-def autocast(precision: str, device: torch.device) -> Any:
-    return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
-
-
 def flop_per_image(model: TargetModel, device: torch.device, batch: int) -> float:
     """Forward and backward FLOPs of one plain network on one batch, per image."""
-    module = _plain_copy(model)
+    module = copy.deepcopy(model)  # the network as a plain module of its own, the same weights
     x = torch.randn(batch, *IMAGE, device=device)
     y = torch.randint(0, CLASSES, (batch,), device=device)
     with FlopCounterMode(display=False) as counter:
@@ -65,15 +60,10 @@ def flop_per_image(model: TargetModel, device: torch.device, batch: int) -> floa
     return counter.get_total_flops() / batch
 
 
-def _plain_copy(model: TargetModel) -> nn.Module:
-    """The network as a plain module of its own (a loop's or the floor's), the same weights."""
-    return copy.deepcopy(model)
-
-
 def floor_step(model: TargetModel, images: torch.Tensor, labels: torch.Tensor, precision: str,
                channels_last: bool) -> Callable[[], None]:
     """One SGD step of one network on every client's images of a step at once."""
-    module = _plain_copy(model)
+    module = copy.deepcopy(model)
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     module = module.to(memory_format=memory_format)
     x = images.contiguous(memory_format=memory_format)
