@@ -110,8 +110,8 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
               f"{json.dumps(config.model.options) if config.model.options else ''}; {train.rounds} rounds, "
               f"{train.clients_per_round} clients per round, {train.local_steps} local steps of batch "
               f"{train.batch_size} at lr {train.lr}; evaluation every {train.eval_every} rounds; seeds "
-              f"{', '.join(map(str, seeds))}. {metric_note(config_metric(rows), units)}"
-              + (f" {budget_line(entry, train)}" if entry.paper_budgets else ""),
+              f"{', '.join(map(str, seeds))}. {metric_note(config_metric(rows), units)} {budget_line(entry, train)}"
+              .rstrip(),
               ""]
     if own_settings:
         lines += ["Rows with their own settings (the rest as above): " + "; ".join(
