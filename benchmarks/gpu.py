@@ -27,8 +27,9 @@
    which packs each method's seeds and resumes by run.)
 8. **floor**: FedAGHN's CIFAR-10 client step (CNN-BN, 20 clients x batch 32) at fp32, tf32 and bf16 against the
    same images as one network's batch (NCHW and channels-last) and the device's peak (a large matmul, a large
-   copy): achieved TFLOP/s, a lower bound of GB/s, and ``graphfed_over_floor`` (``gpu_floor.py``). The issue's
-   target: within 1.3x of the same-precision floor.
+   copy): achieved TFLOP/s, a lower bound of GB/s, and ``graphfed_over_floor`` (``gpu_floor.py``), for the
+   kernel a run's calibration chooses and for each batched kernel pinned (``kernel_over_floor``: vmap, grouped
+   convolution, im2col + batched matmul). The issue's target: within 1.3x of the same-precision floor.
 9. **sensitivity** (not in the default parts; any machine, ``--device cpu``): how far one round of each method's
    tiny config moves on the CPU when every op's result is off by a rounding-sized amount (:class:`RoundingNoise`):
    the yardstick parity uses where summaries differ. FLHA-GHN's deep width-4 networks on a few rows amplify

@@ -3,8 +3,10 @@
 For FedAGHN's CIFAR-10 step (CNN-BN, 20 clients x batch 32 of 3x32x32 images; random images, since a step's cost
 does not depend on the pixels) at each precision (fp32, tf32, bf16):
 
-- **graphfed**: ``train_clients`` for every client at once, chunked as a run's calibration chooses, under
-  ``train.precision``;
+- **graphfed**: ``train_clients`` for every client at once, its convolution kernel and chunk size as a run's
+  calibration chooses them (``train.conv_kernel: auto``), under ``train.precision``; and each of the model's
+  batched kernels pinned (``graphfed[vmap]``, ``graphfed[grouped]``, ``graphfed[unfold]``: ``vmap``, one grouped
+  convolution, im2col + batched matrix products), all clients in one chunk;
 - **floor**: one plain CNN-BN module (``torch.optim.SGD``, ``backward``) on all clients' images of a step as one
   batch, in NCHW and in channels-last: the least a step of that many images costs on this device, whatever the
   batching of clients;
@@ -29,12 +31,13 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from graphfed.client.autotune import choose_clients_per_chunk, synchronised_seconds
-from graphfed.client.contract import LocalTraining, plain_sgd
+from graphfed.client.autotune import choose_clients_per_chunk, choose_conv_kernel, synchronised_seconds
+from graphfed.client.contract import ClientRule, LocalTraining, plain_sgd
 from graphfed.client.placement import autocast, use_tensor_cores
 from graphfed.client.thread_choice import synthetic_clients
 from graphfed.client.training import train_clients
 from graphfed.core.params import ParamSpec
+from graphfed.data.federation import ClientSplit
 from graphfed.models import build_model
 from graphfed.models.base import TargetModel
 
@@ -106,27 +109,48 @@ def floor(device: torch.device, quick: bool, repeats: int, record: Callable[[dic
         use_tensor_cores(precision)
         training = LocalTraining(steps, batch, 0.01, precision=precision)
         rule = plain_sgd(spec, "classification", training)
+        model.conv_kernel = None
+        kernel = choose_conv_kernel(model, spec, data, rule, clients)
+        model.conv_kernel = kernel.conv_kernel
         model.clients_per_chunk = choose_clients_per_chunk(model, spec, data, rule, clients).clients_per_chunk
-        sides: dict[str, Callable[[], Any]] = {
-            "graphfed": lambda rule=rule: train_clients(model, spec, start, data, rule, list(range(clients))),
-            "floor": floor_step(model, images, labels, precision, channels_last=False),
-            "floor_channels_last": floor_step(model, images, labels, precision, channels_last=True)}
+        chosen = (kernel.conv_kernel, model.clients_per_chunk)
+        sides: dict[str, Callable[[], Any]] = {"graphfed": pinned_step(model, spec, start, data, rule, *chosen)}
+        for batched in (name for name in model.conv_kernels if name != "loop"):
+            sides[f"graphfed[{batched}]"] = pinned_step(model, spec, start, data, rule, batched, clients)
+        sides["floor"] = floor_step(model, images, labels, precision, channels_last=False)
+        sides["floor_channels_last"] = floor_step(model, images, labels, precision, channels_last=True)
         for run in sides.values():
             run()  # warm-up: cuDNN's algorithm search, the allocator
         seconds = {name: min(synchronised_seconds(run, device) for _ in range(repeats)) for name, run in sides.items()}
-        step_seconds = {"graphfed": seconds["graphfed"] / steps, "floor": seconds["floor"],
-                        "floor_channels_last": seconds["floor_channels_last"]}
+        step_seconds = {name: value / (1 if name.startswith("floor") else steps) for name, value in seconds.items()}
         best_floor = min(step_seconds["floor"], step_seconds["floor_channels_last"])
         images_per_step = clients * batch
-        row = {"precision": precision, "clients": clients, "batch": batch, "clients_per_chunk": model.clients_per_chunk,
-               "flop_per_image": flops, "step_seconds": step_seconds,
+        row = {"precision": precision, "clients": clients, "batch": batch, "clients_per_chunk": chosen[1],
+               "conv_kernel": kernel.record(), "flop_per_image": flops, "step_seconds": step_seconds,
                "tflops": {name: flops * images_per_step / s / 1e12 for name, s in step_seconds.items()},
                "graphfed_gbps_lower_bound": bytes_per_step / step_seconds["graphfed"] / 1e9,
                "graphfed_over_floor": step_seconds["graphfed"] / best_floor,
+               "kernel_over_floor": {name.removeprefix("graphfed[").rstrip("]"): s / best_floor
+                                     for name, s in step_seconds.items() if name.startswith("graphfed[")},
                "peak": peak(device, precision, quick, repeats), "quick": quick}
         record(row)
-        print(f"floor {precision}: graphfed {1e3 * step_seconds['graphfed']:.2f} ms a step "
-              f"({row['tflops']['graphfed']:.3g} TFLOP/s), floor {1e3 * best_floor:.2f} ms, "
-              f"graphfed/floor {row['graphfed_over_floor']:.2f}, peak {row['peak']['matmul_tflops']:.3g} TFLOP/s",
-              flush=True)
+        kernels = ", ".join(f"{name} {ratio:.2f}" for name, ratio in row["kernel_over_floor"].items())
+        print(f"floor {precision}: graphfed ({chosen[0]}, chunks of {chosen[1]}) {1e3 * step_seconds['graphfed']:.2f} "
+              f"ms a step ({row['tflops']['graphfed']:.3g} TFLOP/s), floor {1e3 * best_floor:.2f} ms, "
+              f"graphfed/floor {row['graphfed_over_floor']:.2f} (each kernel: {kernels}), "
+              f"peak {row['peak']['matmul_tflops']:.3g} TFLOP/s", flush=True)
     use_tensor_cores("fp32")
+    model.conv_kernel = None
+
+
+def pinned_step(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data: ClientSplit, rule: ClientRule,
+                kernel: str | None, clients_per_chunk: int | None) -> Callable[[], Any]:
+    """The rule's local steps for every client, the model's kernel and chunk size set to these while it runs."""
+    def run() -> Any:
+        saved = model.conv_kernel, model.clients_per_chunk
+        model.conv_kernel, model.clients_per_chunk = kernel, clients_per_chunk
+        try:
+            return train_clients(model, spec, start, data, rule, list(range(data.num_clients)))
+        finally:
+            model.conv_kernel, model.clients_per_chunk = saved
+    return run

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "gpu.py"
@@ -25,6 +26,7 @@ def test_without_cuda_the_gpu_benchmark_says_so_and_exits_0(tmp_path: Path) -> N
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_the_quick_cpu_run_measures_parity_throughput_and_projection(tmp_path: Path) -> None:
     out = tmp_path / "gpu.json"
     done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--repeats", "1",
@@ -62,6 +64,11 @@ def test_the_quick_cpu_run_measures_parity_throughput_and_projection(tmp_path: P
         images = row["clients"] * row["batch"]
         assert row["tflops"]["graphfed"] == row["flop_per_image"] * images / steps["graphfed"] / 1e12 > 0
         assert row["flop_per_image"] > 1e5 and row["peak"]["matmul_tflops"] > 0 and row["peak"]["copy_gbps"] > 0
+        # every batched kernel of CNN-BN timed against the same floor; on a CPU the run's own choice is the loop
+        assert set(row["kernel_over_floor"]) == {"vmap", "grouped", "unfold"}
+        assert row["kernel_over_floor"]["unfold"] == steps["graphfed[unfold]"] / min(steps["floor"],
+                                                                                     steps["floor_channels_last"])
+        assert row["conv_kernel"]["conv_kernel"] == "loop" and row["clients_per_chunk"] == 1
     # packs of FedAGHN's CIFAR-10 section (steady rounds without evaluation): S = 1 is the sequential reference,
     # S = 2 its packed ratio
     assert [row["runs"] for row in result["pack"]] == [1, 2]

@@ -1,8 +1,8 @@
 """The vouch suite: tiny seeded runs that exercise the engine (every method's golden config, then the engine's
 features on FL-N: privacy in reproducible mode, attacks, a defence, faults, late clients, early stopping, chosen
 metrics, inferred graphs, a server optimiser, robust aggregation; then the methods the suites run on regression data,
-on TPT-48 and METR-LA), each summary written out whole but for how the run was executed. ``tools/vouch.py`` runs
-it against two revisions and compares.
+on TPT-48 and METR-LA, and the convolutional models no golden run trains), each summary written out whole but for how
+the run was executed. ``tools/vouch.py`` runs it against two revisions and compares.
 
     python tools/vouch_suite.py --out summaries.json [--no-privacy]
 
@@ -58,6 +58,12 @@ REGRESSION = {
                     "train.rounds=2", "train.local_steps=2", "train.batch_size=16", "train.clients_per_round=4",
                     "train.eval_every=2", "torch_threads=1", "train.autotune=false"],
 }
+#: the convolutional models no golden run trains (a golden run's images go through CNN-BN), on a few MNIST clients
+IMAGES = ["dataset.name=mnist", "dataset.num_clients=4", "dataset.client_fraction=0.01", "method.name=fedavg",
+          "train.rounds=2", "train.local_steps=2", "train.batch_size=16", "train.clients_per_round=3",
+          "train.eval_every=2", "torch_threads=1", "train.autotune=false"]
+CONVOLUTIONS = {f"mnist:{model}": [*IMAGES, f"model.name={model}", "model.options={}"]
+                for model in ("lenet", "cnn", "pfl-cnn")}
 PRIVATE = {
     "central": ["method.name=fedavg", "privacy.mechanism=central", "privacy.noise_multiplier=1.0"],
     "local": ["method.name=ditto", "privacy.mechanism=local", "privacy.noise_multiplier=1.0"],
@@ -82,7 +88,7 @@ def suite_configs(no_privacy: bool) -> dict[str, object]:
     private = {} if no_privacy else {name: [*overrides, "privacy.reproducible_noise=true"]
                                      for name, overrides in PRIVATE.items()}
     configs.update({name: load_config(None, FLN + overrides) for name, overrides in {**FEATURES, **private}.items()})
-    configs.update({name: load_config(None, overrides) for name, overrides in REGRESSION.items()})
+    configs.update({name: load_config(None, overrides) for name, overrides in {**REGRESSION, **CONVOLUTIONS}.items()})
     return configs
 
 

@@ -221,6 +221,12 @@ class TrainConfig(_Strict):
                            "summary's execution); false: each model's declared chunk size")
     clients_per_chunk: int | None = Field(default=None, ge=1, description="pin how many clients train at once "
                                           "(overrides autotune; e.g. to reproduce another machine's run exactly)")
+    conv_kernel: Literal["auto", "loop", "vmap", "grouped", "unfold"] = Field(
+        default="auto", description="how convolutional models run many clients' convolutions: loop (one client "
+        "after another), vmap (torch.func.vmap), grouped (one grouped convolution, channels-last) or unfold (im2col "
+        "and one batched matrix product per layer: tensor-core GEMMs at tf32/bf16); auto: the model's default on a "
+        "CPU, measured with autotune on an accelerator (cached, recorded in the summary's execution). All give the "
+        "same numbers up to float rounding; a model offers only some (an error names them)")
 
     @model_validator(mode="after")
     def _select_by_a_scored_metric(self) -> TrainConfig:

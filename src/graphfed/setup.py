@@ -18,7 +18,7 @@ import torch
 
 from graphfed.attacks import Attack, build_attack
 from graphfed.attacks.defenses import SimpleTuning
-from graphfed.client.autotune import choose_clients_per_chunk
+from graphfed.client.autotune import choose_clients_per_chunk, choose_conv_kernel, require_conv_kernel
 from graphfed.client.contract import ClientRule, ClientSetting, LocalTraining
 from graphfed.client.executor import ArchitectureRuntime, ClientExecutor, ClientRuntime, ClientStateStore
 from graphfed.client.placement import HostRandomDraws, resolve_device, use_tensor_cores
@@ -157,6 +157,7 @@ class ClientSide:
         torch.manual_seed(rng.stream_seed(config.seed, 0, "init"))
         if config.model.architectures is None:
             model = build_model(config.model.name, federation, config.model.options).to(device)
+            check_conv_kernel(config, [model])
             spec = ParamSpec.from_module(model)
             rule = method.client_rule(client_setting(model, spec, federation, method.training))
             return cls(config, method, federation, model, spec, spec.flatten_module(model), attack, [rule], device)
@@ -165,6 +166,7 @@ class ClientSide:
         torch.manual_seed(rng.stream_seed(config.seed, 0, "init"))
         spec, init_weights, networks = method.cls.client_networks(method.options, family)
         networks = [network.to(device) for network in networks]
+        check_conv_kernel(config, networks)
         rules = [method.client_rule(client_setting(network, ParamSpec.from_module(network), federation,
                                                    method.training, family.models[arch]))
                  for arch, network in enumerate(networks)]
@@ -192,17 +194,23 @@ class ClientSide:
                                    client_ids, self.attack, self.privacy)
 
     def plan_execution(self, clients_at_once: int) -> dict[str, Any]:
-        """Sets how many clients each network trains at once (``train.clients_per_chunk``, else measured when
-        ``train.autotune``; :mod:`graphfed.client.autotune`) and returns the record the summary keeps."""
+        """Sets how each network runs its clients' convolutions (``train.conv_kernel``) and how many clients it
+        trains at once (``train.clients_per_chunk``), each measured when ``train.autotune`` where it is to be chosen
+        (:mod:`graphfed.client.autotune`), and returns the record the summary keeps."""
         train = self.config.train
         networks = self.networks or [self.model]
         names = self.family.names if self.family is not None else [self.config.model.name]
         choices: dict[str, Any] = {}
         for name, network, rule in zip(names, networks, self.rules, strict=True):
+            kernel = choose_conv_kernel(network, rule.spec, self.federation.train, rule, clients_at_once,
+                                        train.autotune, train.conv_kernel)
+            network.conv_kernel = kernel.conv_kernel
             choice = choose_clients_per_chunk(network, rule.spec, self.federation.train, rule,
                                               clients_at_once, train.autotune, train.clients_per_chunk)
             network.clients_per_chunk = choice.clients_per_chunk
             choices[name] = choice.record()
+            if kernel.conv_kernel is not None:
+                choices[name]["conv_kernel"] = kernel.record()
             if choice.clients_per_chunk == 1 and network.loops_clients_on(self.device):
                 # one-client chunks of plain SGD train this many at a time (graphfed.client.training)
                 choices[name]["clients_side_by_side"] = side_by_side_workers(self.device)
@@ -308,7 +316,15 @@ def check_before_data(config: RunConfig, method: MethodSetup) -> None:
     stub = SimpleNamespace(name=config.dataset.name, task=info.task, input_shape=input_shape, output_dim=output_dim)
     with torch.random.fork_rng(devices=[]):
         model = build_model(config.model.name, stub, config.model.options)  # type: ignore[arg-type]
+        check_conv_kernel(config, [model])
         method.client_rule(client_setting(model, ParamSpec.from_module(model), stub, method.training))  # type: ignore[arg-type]
+
+
+def check_conv_kernel(config: RunConfig, networks: list[TargetModel]) -> None:
+    """A pinned ``train.conv_kernel`` is one every network can run (ConfigError naming the ones it can)."""
+    if config.train.conv_kernel != "auto":
+        for network in networks:
+            require_conv_kernel(network, config.train.conv_kernel)
 
 
 def resolve_torch_threads(config: RunConfig, measure: bool = True) -> tuple[RunConfig, dict[str, Any] | None]:
@@ -359,6 +375,8 @@ def _measured_threads(config: RunConfig) -> ThreadsChoice | None:
     stub = SimpleNamespace(name=config.dataset.name, task=info.task, input_shape=input_shape, output_dim=output_dim)
     with torch.random.fork_rng(devices=[]):
         model = build_model(config.model.name, stub, config.model.options)  # type: ignore[arg-type]
+    if config.train.conv_kernel != "auto":
+        model.conv_kernel = config.train.conv_kernel
     if not model.loops_clients_on(torch.device("cpu")):
         return None
     spec = ParamSpec.from_module(model)

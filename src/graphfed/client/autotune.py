@@ -19,6 +19,10 @@ taken under load (or with a wide spread) is used once and not cached. Chunking c
 choice and how sure it was (``execution``), and ``train.clients_per_chunk`` pins it, e.g. to reproduce a run from
 another machine bit for bit (on the same CPU kernels: ``code.cpu``). ``train.autotune: false`` keeps each model's
 declared chunk size without measuring.
+
+On an accelerator the same calibration first picks how the clients' convolutions run (``train.conv_kernel``:
+``vmap``, one grouped convolution, or im2col + batched matrix products; :func:`choose_conv_kernel`): which of them
+uses a GPU's tensor cores best depends on the shapes and the precision, so it is measured, not assumed.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -41,10 +45,13 @@ from graphfed.client.contract import ClientRule, plain_sgd
 from graphfed.client.training import train_clients, values_per_chunk
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import ClientSplit
-from graphfed.models.base import TargetModel
+from graphfed.errors import ConfigError
+from graphfed.models.base import CONV_KERNELS, TargetModel
 from graphfed.paths import user_cache_dir
 
 log = logging.getLogger(__name__)
+#: what a calibration chooses between: chunk sizes, thread counts, convolution kernels
+Option = TypeVar("Option", int, str)
 
 #: chunk sizes tried on a CPU (those up to the number of clients trained at once, which is tried too)
 CANDIDATES = (1, 2, 4, 8)
@@ -159,13 +166,13 @@ def choose_clients_per_chunk(model: TargetModel, spec: ParamSpec, data: ClientSp
     return ChunkChoice(best, "measured", medians, certainty)
 
 
-def decide(timings: dict[int, list[float]], default: int, on_cpu: bool,
-           kept: str = "the default") -> tuple[int, dict[str, Any]]:
-    """The chunk size the timings support, and how sure: the model's ``default`` (named ``kept`` in the record)
-    unless another size beats it beyond noise, i.e. every one of its timings is below every timing of the default
-    (with the interleaved rounds, a chance ordering of two equal sizes has odds 1 in 252 at 5 rounds) and its
-    median is TOLERANCE below; among the sizes that do, the fastest (within TOLERANCE: the smallest on a CPU, the
-    safe side; the largest on an accelerator, which amortises launches)."""
+def decide(timings: dict[Option, list[float]], default: Option, on_cpu: bool, kept: str = "the default",
+           prefer: Callable[[list[Option]], Option] | None = None) -> tuple[Option, dict[str, Any]]:
+    """The chunk size (or other option) the timings support, and how sure: the model's ``default`` (named ``kept``
+    in the record) unless another size beats it beyond noise, i.e. every one of its timings is below every timing of
+    the default (with the interleaved rounds, a chance ordering of two equal sizes has odds 1 in 252 at 5 rounds) and
+    its median is TOLERANCE below; among the sizes that do, the fastest (within TOLERANCE: ``prefer`` of those, by
+    default the smallest on a CPU, the safe side; the largest on an accelerator, which amortises launches)."""
     medians = {size: statistics.median(values) for size, values in timings.items()}
     spread = max((max(values) - min(values)) / statistics.median(values) for values in timings.values())
     rounds = min(len(values) for values in timings.values())
@@ -182,16 +189,18 @@ def decide(timings: dict[int, list[float]], default: int, on_cpu: bool,
         return default, {"decided": decided, "spread": round(spread, 3), "rounds": rounds}
     fastest = min(medians[size] for size in winners)
     close = [size for size in winners if medians[size] <= fastest * (1 + TOLERANCE)]
-    best = min(close) if on_cpu else max(close)
+    best = prefer(close) if prefer is not None else min(close) if on_cpu else max(close)  # type: ignore[type-var]
     margin = 1 - medians[best] / medians[default]
     return best, {"decided": f"{margin:.0%} faster than {kept} {default}, every timing below {kept}'s",
                   "spread": round(spread, 3), "rounds": rounds}
 
 
-def measure(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: ClientRule, sizes: list[int],
-            default: int | None = None, on_cpu: bool = True) -> dict[int, list[float]]:
-    """Seconds per client of :data:`CALIBRATION_STEPS` plain SGD steps for each chunk size in ``sizes``: one warm-up
-    each, then :data:`CALIBRATION_ROUNDS` interleaved rounds of one timing each, and more rounds (up to
+def measure(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: ClientRule, sizes: list[Option],
+            default: Option | None = None, on_cpu: bool = True,
+            setting: str = "clients_per_chunk") -> dict[Option, list[float]]:
+    """Seconds per client of :data:`CALIBRATION_STEPS` plain SGD steps for each chunk size in ``sizes`` (or each
+    value of another of the model's ``setting``, e.g. ``conv_kernel``): one warm-up each, then
+    :data:`CALIBRATION_ROUNDS` interleaved rounds of one timing each, and more rounds (up to
     :data:`CALIBRATION_MAX_ROUNDS`, within :data:`CALIBRATION_SECONDS`) while a size looks faster than ``default``
     without clearing the spread.
 
@@ -202,8 +211,8 @@ def measure(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: Client
     calibration = plain_sgd(spec, rule.setting.task, training)
     start = spec.flatten_module(model).detach().unsqueeze(0).repeat(data.num_clients, 1)
     seeds = list(range(data.num_clients))
-    declared = model.clients_per_chunk
-    timings: dict[int, list[float]] = {}
+    declared = getattr(model, setting)
+    timings: dict[Option, list[float]] = {}
     devices = [data.device] if data.device.type == "cuda" else []
 
     def once() -> None:
@@ -213,7 +222,7 @@ def measure(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: Client
     with torch.random.fork_rng(devices=devices):
         try:
             for size in sizes:
-                model.clients_per_chunk = size
+                setattr(model, setting, size)
                 try:
                     once()  # warm-up: allocator, kernel selection
                 except torch.OutOfMemoryError:  # this chunk does not fit the device: nor do larger ones
@@ -228,18 +237,93 @@ def measure(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: Client
                         or _settled(timings, default, on_cpu)):
                     break
                 for size in timings:
-                    model.clients_per_chunk = size
+                    setattr(model, setting, size)
                     timings[size].append(synchronised_seconds(once, data.device) / data.num_clients)
         finally:
-            model.clients_per_chunk = declared
+            setattr(model, setting, declared)
     return timings
 
 
-def _settled(timings: dict[int, list[float]], default: int, on_cpu: bool) -> bool:
+def _settled(timings: dict[Option, list[float]], default: Option, on_cpu: bool) -> bool:
     """Whether more rounds cannot change the choice: a size already beats the default, or none looks faster."""
     medians = {size: statistics.median(values) for size, values in timings.items()}
     best, _ = decide(timings, default, on_cpu)
     return best != default or all(medians[size] >= (1 - TOLERANCE) * medians[default] for size in medians)
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """How one model runs its clients' convolutions in this run (``train.conv_kernel``), and why."""
+
+    conv_kernel: str | None  #: None: the model has no choice to make
+    source: str  #: "pinned" (train.conv_kernel), "model" (its default on this device), "measured" or "cached"
+    seconds_per_client: dict[str, float]  #: the calibration's median timing per kernel (empty unless measured)
+    certainty: dict[str, Any] = field(default_factory=dict)
+
+    def record(self) -> dict[str, Any]:
+        return {"conv_kernel": self.conv_kernel, "source": self.source,
+                "seconds_per_client": dict(self.seconds_per_client),
+                **({"certainty": self.certainty} if self.certainty else {})}
+
+
+def choose_conv_kernel(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: ClientRule,
+                       clients_at_once: int, autotune: bool = True, pinned: str = "auto",
+                       cache_file: Path | None = None) -> KernelChoice:
+    """How ``model`` runs many clients' convolutions (:data:`graphfed.models.base.CONV_KERNELS`).
+
+    ``pinned`` (other than ``auto``) wins, and must be one of the model's. A CPU keeps the model's default: the
+    grouped convolution trains LeNet within 1.05x of the compute floor there, and BatchNorm networks loop over their
+    clients side by side (:mod:`graphfed.client.thread_choice`). On an accelerator each of the model's batched
+    kernels (all but ``loop``, which is launch-bound there) trains the run's first clients in one chunk, timed as
+    the chunk sizes are (:func:`measure`, :func:`decide`: the model's default unless another beats it beyond the
+    timings' spread), and the choice is cached under the same key plus the kernels tried."""
+    default = model.default_conv_kernel(data.device)
+    if pinned != "auto":
+        require_conv_kernel(model, pinned)
+        return KernelChoice(pinned, "pinned", {})
+    candidates = [kernel for kernel in model.conv_kernels if kernel != "loop"]
+    sample = min(clients_at_once, data.num_clients, ACCELERATOR_CALIBRATION_CLIENTS,
+                 max(1, values_per_chunk(data.device) // spec.dim))
+    if data.device.type == "cpu" or not autotune or len(candidates) < 2 or sample <= 1 or default not in candidates:
+        return KernelChoice(default, "model", {})
+    return measured_conv_kernel(model, spec, data.select(torch.arange(sample, device="cpu")), rule, candidates,
+                                default, user_cache_dir() / CACHE_NAME if cache_file is None else cache_file)
+
+
+def require_conv_kernel(model: TargetModel, kernel: str) -> None:
+    """ConfigError (one line, naming the model's kernels) unless ``model`` can run its clients' convolutions by
+    ``kernel``."""
+    if kernel not in model.conv_kernels:
+        offered = ", ".join(model.conv_kernels) or "none (it has no convolutions to batch)"
+        raise ConfigError(f"train.conv_kernel: {type(model).__name__} cannot run {kernel!r}; its kernels: {offered}")
+
+
+def measured_conv_kernel(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: ClientRule,
+                         candidates: list[str], default: str, cache_file: Path) -> KernelChoice:
+    """The fastest of ``candidates`` training all of ``data``'s clients in one chunk (cached, or measured here and
+    cached unless suspect); ties go to the earlier candidate (the model's order of preference)."""
+    key = f"{timing_key(model, spec, data, rule)}|clients={data.num_clients}|conv kernels={','.join(candidates)}"
+    cached = _read_cache(cache_file, _kernel_entry).get(key)
+    if cached is not None:
+        return KernelChoice(cached["conv_kernel"], "cached", dict(cached["seconds_per_client"]),
+                            dict(cached.get("certainty", {})))
+    on_cpu = data.device.type == "cpu"
+    load = machine_load()
+    declared_chunk, model.clients_per_chunk = model.clients_per_chunk, data.num_clients
+    try:
+        timings = measure(model, spec, data, rule, candidates, default, on_cpu, setting="conv_kernel")
+    finally:
+        model.clients_per_chunk = declared_chunk
+    best, certainty = decide(timings, default, on_cpu, kept=f"the model's {default}",
+                             prefer=lambda close: min(close, key=candidates.index))
+    certainty["load_per_core"] = round(max(load, machine_load()), 2)
+    certainty["suspect"] = certainty["load_per_core"] > SUSPECT_LOAD_PER_CORE or certainty["spread"] > SUSPECT_SPREAD
+    medians = {kernel: statistics.median(values) for kernel, values in timings.items()}
+    log.info("%s: %s convolutions, %s (median per client: %s)", type(model).__name__, best, certainty["decided"],
+             ", ".join(f"{kernel}: {seconds * 1e3:.2f} ms" for kernel, seconds in medians.items()))
+    if not certainty["suspect"]:
+        _write_cache(cache_file, key, {"conv_kernel": best, "certainty": certainty, "seconds_per_client": medians})
+    return KernelChoice(best, "measured", medians, certainty)
 
 
 #: local steps a pack's calibration times (at most; the run's own count if fewer)
@@ -329,6 +413,11 @@ def _threads_entry(value: Any) -> bool:
             and isinstance(value.get("seconds_per_round"), dict))
 
 
+def _kernel_entry(value: Any) -> bool:
+    return (isinstance(value, dict) and value.get("conv_kernel") in CONV_KERNELS
+            and isinstance(value.get("seconds_per_client"), dict))
+
+
 def _read_cache(path: Path, valid: Callable[[Any], bool] = _chunk_entry) -> dict[str, Any]:
     """The cached choices of one kind (``valid`` tells its entries); an unreadable or malformed cache counts as
     empty (it is only a cache)."""
@@ -344,7 +433,8 @@ def _read_cache(path: Path, valid: Callable[[Any], bool] = _chunk_entry) -> dict
 def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
     """Adds ``entry`` atomically (a temporary file renamed over the old one); a cache that cannot be written only
     costs a calibration next time."""
-    entries = _read_cache(path, lambda value: _chunk_entry(value) or _pack_entry(value) or _threads_entry(value))
+    entries = _read_cache(path, lambda value: any(valid(value) for valid in (_chunk_entry, _pack_entry,
+                                                                             _threads_entry, _kernel_entry)))
     entries[key] = entry
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

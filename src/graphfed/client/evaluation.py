@@ -39,9 +39,13 @@ def scoring_blocks(model: TargetModel, data: ClientSplit, dim: int,
     Rows of a model without batch statistics are independent: fixed-size blocks (:func:`block_plan`). A model with
     batch statistics (BatchNorm) sees each client's whole split as one block with no padding row, so its statistics
     cover exactly the client's rows whatever their order (a split is stored class-sorted: blocks of it would each
-    see a few classes)."""
+    see a few classes); one that scores many clients per call (:meth:`TargetModel.pads_scoring_blocks`) sees
+    several whole splits per block (:func:`padded_client_blocks`)."""
     if not model.batch_statistics:
         yield from data.blocks(*block_plan(data, dim, max_elements))
+        return
+    if model.pads_scoring_blocks(data.device):
+        yield from padded_client_blocks(data, max_elements)
         return
     for client in range(data.num_clients):
         start, count = int(data.starts[client]), int(data.counts[client])
@@ -50,6 +54,37 @@ def scoring_blocks(model: TargetModel, data: ClientSplit, dim: int,
         x, y = data.read(torch.arange(start, start + count, device=data.device))
         yield RowBlocks(torch.tensor([client], device=data.device), x.unsqueeze(0), y.unsqueeze(0),
                         torch.ones(1, count, dtype=torch.bool, device=data.device))
+
+
+def padded_client_blocks(data: ClientSplit, max_elements: int = 4_000_000) -> Iterator[RowBlocks]:
+    """Every client's whole split, several per block: clients longest first, each block as many as fit in
+    ``max_elements`` input values (one at least), each split padded to its block's longest with all-zero rows (which
+    BatchNorm's statistics leave out, :func:`graphfed.models.cnn_bn.padding_aware_batch_norm`; ``mask`` is False on
+    them). Sorting by length keeps the padding to the difference between neighbours."""
+    counts = data.counts.tolist()
+    row_values = math.prod(data.x.shape[1:])
+    order = sorted((client for client in range(data.num_clients) if counts[client] > 0),
+                   key=lambda client: -counts[client])
+    group: list[int] = []
+    for client in order:
+        if group and (len(group) + 1) * counts[group[0]] * row_values > max_elements:
+            yield _padded_block(data, group)
+            group = []
+        group.append(client)
+    if group:
+        yield _padded_block(data, group)
+
+
+def _padded_block(data: ClientSplit, clients: list[int]) -> RowBlocks:
+    owner = torch.tensor(clients, device="cpu")
+    counts, starts = data.counts.cpu()[owner], data.starts.cpu()[owner]
+    offsets = torch.arange(int(counts.max()))
+    mask = offsets < counts.unsqueeze(1)  # [P, L]
+    rows = torch.where(mask, starts.unsqueeze(1) + offsets, starts.unsqueeze(1))  # padding reads a real row, zeroed
+    x, y = data.read(rows.to(data.device))
+    device_mask = mask.to(data.device)
+    x = x.masked_fill(~device_mask.view(*mask.shape, *[1] * (x.ndim - 2)), 0)
+    return RowBlocks(owner.to(data.device), x, y, device_mask)
 
 
 def sum_by_client(values: torch.Tensor, block: RowBlocks, num_clients: int) -> torch.Tensor:

@@ -30,10 +30,28 @@ class TargetModel(nn.Module):
     #: the submodule that maps features to outputs (classifier or regression head); personalisation methods
     #: that split a model into body and head (FedRep, FedRoD, ...) read it from here, never from parameter order
     head_module: str
+    #: how this model can run many clients' convolutions (``train.conv_kernel``; :data:`CONV_KERNELS`), in order of
+    #: preference; empty: one way only (no convolutions, or a loop everywhere)
+    conv_kernels: tuple[str, ...] = ()
+    #: the way this run uses, set by the execution plan (None: :meth:`default_conv_kernel` of the device)
+    conv_kernel: str | None = None
+
+    def default_conv_kernel(self, device: torch.device) -> str | None:
+        """The kernel used on ``device`` unless the run chose another: the first of :attr:`conv_kernels`."""
+        return self.conv_kernels[0] if self.conv_kernels else None
+
+    def conv_kernel_on(self, device: torch.device) -> str | None:
+        """The kernel this model's clients' convolutions run with on ``device``."""
+        return self.conv_kernel or self.default_conv_kernel(device)
 
     def loops_clients_on(self, device: torch.device) -> bool:
         """Whether training on ``device`` runs the clients one by one whatever the chunk size (a BatchNorm
         network's loop on a CPU): then the chunk size changes nothing and is not calibrated."""
+        return self.conv_kernel_on(device) == "loop"
+
+    def pads_scoring_blocks(self, device: torch.device) -> bool:
+        """Whether a model with batch statistics scores several clients' whole splits in one call on ``device``,
+        each padded to the longest with all-zero rows that its statistics leave out (False: one client a call)."""
         return False
 
     @property
@@ -87,26 +105,63 @@ class TargetModel(nn.Module):
                                             (x[s],), {"features_only": features_only}) for s in range(num_clients)])
 
 
+#: ways to run many clients' convolutions (``train.conv_kernel``): ``loop`` (one client's network after another),
+#: ``vmap`` (``torch.func.vmap`` over the network), ``grouped`` (one grouped convolution, channels-last: see
+#: :class:`ClientGroups`) and ``unfold`` (im2col and one batched matrix product per layer: GEMMs, which a GPU runs
+#: on its tensor cores at tf32 and bf16). All compute the same numbers up to float rounding; which is fastest
+#: depends on the device, the shapes and the precision, so a run on an accelerator measures it
+#: (:func:`graphfed.client.autotune.choose_conv_kernel`)
+CONV_KERNELS = ("loop", "vmap", "grouped", "unfold")
+
+
 class ClientGroups:
-    """Many clients' convolutional layers as one grouped convolution.
+    """Many clients' convolutional layers as one call per layer.
 
     Client ``s``'s input channels become channel group ``s`` of one image batch (``[B, S*C, H, W]``,
     channels-last), so each layer is a single ``conv2d(groups=S)`` instead of S small ones. On a 2-core CPU
     this trains LeNet within about 1.05x of one network trained on all clients' images at once (the compute
     floor), where a loop of per-client convolutions is 1.3x off it (``benchmarks/sim_throughput.py``).
-    Elementwise layers and pooling act per channel, so they need no change.
+    Elementwise layers and pooling act per channel, so they need no change. With ``kernel="unfold"`` each layer is
+    im2col and one batched matrix product over clients instead (:meth:`unfold_conv2d`), in the same layout.
     """
 
-    def __init__(self, x: torch.Tensor) -> None:
+    def __init__(self, x: torch.Tensor, kernel: str | None = "grouped") -> None:
         """``x``: ``[S, B, C, H, W]``, every client's batch of images (the same B for all)."""
+        if kernel not in ("grouped", "unfold"):
+            raise ValueError(f"ClientGroups runs grouped or unfold convolutions, not {kernel!r}")
+        self.kernel = kernel
         self.num_clients, self.batch = x.shape[:2]
         self.images = x.transpose(0, 1).reshape(self.batch, -1, *x.shape[3:]).contiguous(
             memory_format=torch.channels_last)
 
     def conv2d(self, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, **options: Any) -> torch.Tensor:
         """``h [B, S*C, H, W]``, ``weight [S, O, C, k, k]``, ``bias [S, O]`` -> ``[B, S*O, H', W']``."""
+        if self.kernel == "unfold":
+            return self.unfold_conv2d(h, weight, bias, **options)
         flat_bias = None if bias is None else bias.reshape(-1)
         return F.conv2d(h, weight.reshape(-1, *weight.shape[2:]), flat_bias, groups=self.num_clients, **options)
+
+    def unfold_conv2d(self, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: int = 1,
+                      padding: int = 0, dilation: int = 1) -> torch.Tensor:
+        """:meth:`conv2d` as im2col (``F.unfold``) and one ``baddbmm`` over clients: each client's layer is one
+        matrix product ``[O, C*k*k] @ [C*k*k, B*H'*W']``."""
+        num_clients, out_channels, in_channels, k_h, k_w = weight.shape
+        per_image = h.reshape(self.batch * num_clients, in_channels, *h.shape[2:])
+        columns = F.unfold(per_image, (k_h, k_w), dilation=dilation, padding=padding, stride=stride)
+        positions = columns.shape[-1]  # H' * W'
+        # [B, S, C*k*k, L] -> [S, C*k*k, B*L]: each client's columns side by side over its images
+        columns = columns.view(self.batch, num_clients, -1, positions).permute(1, 2, 0, 3).reshape(
+            num_clients, -1, self.batch * positions)
+        flat_weight = weight.reshape(num_clients, out_channels, -1)
+        if bias is None:
+            out = torch.bmm(flat_weight, columns)
+        else:
+            out = torch.baddbmm(bias.unsqueeze(-1), flat_weight, columns)
+        out_h = (h.shape[2] + 2 * padding - dilation * (k_h - 1) - 1) // stride + 1
+        out_w = (h.shape[3] + 2 * padding - dilation * (k_w - 1) - 1) // stride + 1
+        # [S, O, B, H', W'] -> [B, S*O, H', W'] (a view: client s's channels stay group s)
+        return out.view(num_clients, out_channels, self.batch, out_h, out_w).permute(2, 0, 1, 3, 4).reshape(
+            self.batch, num_clients * out_channels, out_h, out_w)
 
     def per_client(self, h: torch.Tensor) -> torch.Tensor:
         """``[B, S*C, H, W]`` -> ``[S, B, C*H*W]``: each client's activations flattened as its own network would."""

@@ -11,6 +11,7 @@ from graphfed.models.base import ClientGroups, TargetModel, batched_linear
 
 class SmallCNN(TargetModel):
     clients_per_chunk = 8  # cache-sized chunks of clients (TargetModel.clients_per_chunk)
+    conv_kernels = ("grouped", "unfold")  # the grouped convolution first (TargetModel.conv_kernels)
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int, channels: int = 16,
                  hidden: int = 64) -> None:
@@ -32,7 +33,7 @@ class SmallCNN(TargetModel):
 
     def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor,
                         features_only: bool = False) -> torch.Tensor:
-        groups = ClientGroups(x)  # every client's convolutions as one grouped convolution (see ClientGroups)
+        groups = ClientGroups(x, self.conv_kernel_on(x.device))  # every client's convolutions at once
         h = groups.conv2d(groups.images, params["conv1.weight"], params["conv1.bias"], padding=1)
         h = torch.max_pool2d(torch.relu(h), 2)
         h = torch.max_pool2d(torch.relu(groups.conv2d(h, params["conv2.weight"], params["conv2.bias"], padding=1)), 2)
@@ -51,6 +52,7 @@ class PflCNN(TargetModel):
     """
 
     clients_per_chunk = 8  # cache-sized chunks of clients (TargetModel.clients_per_chunk)
+    conv_kernels = ("loop", "grouped", "unfold")  # the loop on a CPU, the grouped convolution elsewhere (below)
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
         super().__init__()
@@ -76,9 +78,17 @@ class PflCNN(TargetModel):
         # 1.6x: oneDNN's grouped kernels lose on 32 -> 64 channels per group. On a GPU the per-client loop is
         # launch-bound (pfl-research's setting on an H200: 2.9x a plain per-client loop, 8,700 kernel launches a
         # round) and the grouped convolution fills the device (9.9x, 4,100 launches; benchmarks/gpu.py).
-        convolutions = self.client_loop_convolutions if x.device.type == "cpu" else self.grouped_convolutions
-        h = torch.relu(batched_linear(convolutions(params, x), params["fc1.weight"], params["fc1.bias"]))
+        kernel = self.conv_kernel_on(x.device)
+        convolved = (self.client_loop_convolutions(params, x) if kernel == "loop" else
+                     self.grouped_convolutions(params, x, kernel))
+        h = torch.relu(batched_linear(convolved, params["fc1.weight"], params["fc1.bias"]))
         return h if features_only else batched_linear(h, params["fc2.weight"], params["fc2.bias"])
+
+    def default_conv_kernel(self, device: torch.device) -> str:
+        return "loop" if device.type == "cpu" else "grouped"
+
+    def loops_clients_on(self, device: torch.device) -> bool:
+        return False  # its loop is over convolutions only: the linear layers batch, so chunks still pay
 
     @staticmethod
     def client_loop_convolutions(params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -93,9 +103,10 @@ class PflCNN(TargetModel):
         return torch.stack(flat)
 
     @staticmethod
-    def grouped_convolutions(params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """As :meth:`client_loop_convolutions`, every client's convolutions as one grouped convolution."""
-        groups = ClientGroups(x)
+    def grouped_convolutions(params: dict[str, torch.Tensor], x: torch.Tensor, kernel: str = "grouped",
+                             ) -> torch.Tensor:
+        """As :meth:`client_loop_convolutions`, every client's convolutions at once (:class:`ClientGroups`)."""
+        groups = ClientGroups(x, kernel)
         h = torch.relu(groups.conv2d(groups.images, params["conv1.weight"], params["conv1.bias"]))
         h = torch.max_pool2d(torch.relu(groups.conv2d(h, params["conv2.weight"], params["conv2.bias"])), 2)
         return groups.per_client(h)

@@ -40,9 +40,15 @@ than simply looping over clients (in isolation, the second convolution alone ran
 sizes: S=5 clients x B=64 rows forward+backward: loop 334 ms, vmap 368 ms; S=20 x 64: loop 1634 ms, vmap
 2246 ms; S=5 x 700 forward only (evaluation-sized): loop 2022 ms, vmap 3577 ms. A hand-batched version
 (grouped ``conv2d`` + per-client BN statistics + ``baddbmm``) was no faster than ``vmap`` (352 / 2175 /
-3303 ms). ``batched_forward`` is therefore a loop of ``functional_call`` over the client axis; as a bonus,
-under ``torch.no_grad`` only one client's activations are alive at a time, which bounds evaluation memory
+3303 ms). On a CPU ``batched_forward`` is therefore a loop over the client axis (``conv_kernel: loop``); as a
+bonus, under ``torch.no_grad`` only one client's activations are alive at a time, which bounds evaluation memory
 (a 7k-row client needs about 0.5 GiB for its first conv activation).
+
+On an accelerator the loop is launch-bound, and a run measures (``graphfed.client.autotune.choose_conv_kernel``)
+``vmap`` against the hand-batched network (:meth:`CNNBN.grouped_forward`): every client's convolutions as one grouped
+convolution or as im2col + one batched matrix product (the tensor cores' GEMMs), channels-last, with each client's
+BatchNorm statistics over its own channels. The hand-batched network also scores several clients per call, each
+split padded with all-zero rows, which the statistics leave out (``pads_scoring_blocks``).
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphfed.models.base import TargetModel
+from graphfed.models.base import ClientGroups, TargetModel, batched_linear
 
 __all__ = ["CNNBN", "PaddingAwareBatchNorm2d"]
 
@@ -73,10 +79,11 @@ class PaddingAwareBatchNorm2d(nn.BatchNorm2d):
 
 def padding_aware_batch_norm(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                              valid: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """:class:`PaddingAwareBatchNorm2d` as a function of its weights (a client's own, in the client loop)."""
+    """:class:`PaddingAwareBatchNorm2d` as a function of its weights (a client's own, in the client loop).
+    ``valid``: ``[B]``, or ``[B, C]`` where the channels' valid rows differ (many clients' channels side by side)."""
     weight_rows = torch.ones(h.shape[0], dtype=h.dtype, device=h.device) if valid is None else valid.to(h.dtype)
-    m = weight_rows.view(-1, 1, 1, 1)
-    n = (weight_rows.sum() * (h.shape[2] * h.shape[3])).clamp_min(1.0)
+    m = weight_rows.view(h.shape[0], -1, 1, 1)
+    n = (weight_rows.sum(0) * (h.shape[2] * h.shape[3])).clamp_min(1.0).view(1, -1, 1, 1)
     mean = (h * m).sum(dim=(0, 2, 3), keepdim=True) / n
     centred = h - mean
     var = (centred.square() * m).sum(dim=(0, 2, 3), keepdim=True) / n
@@ -88,6 +95,7 @@ class CNNBN(TargetModel):
     """conv-BN-ReLU-pool x2, linear-ReLU, linear; see the module docstring for the BN semantics."""
 
     clients_per_chunk = 8  # cache-sized chunks of clients (TargetModel.clients_per_chunk)
+    conv_kernels = ("loop", "vmap", "grouped", "unfold")  # see the module docstring
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int, channels: int = 32, hidden: int = 512,
                  kernel_size: int = 5) -> None:
@@ -111,8 +119,11 @@ class CNNBN(TargetModel):
 
     batch_statistics = True
 
-    def loops_clients_on(self, device: torch.device) -> bool:
-        return device.type == "cpu"  # batched_forward's client loop (see its docstring)
+    def default_conv_kernel(self, device: torch.device) -> str:
+        return "loop" if device.type == "cpu" else "vmap"  # see the module docstring
+
+    def pads_scoring_blocks(self, device: torch.device) -> bool:
+        return self.conv_kernel_on(device) in ("grouped", "unfold")
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``[B, C, H, W]`` -> ``[B, hidden]`` (the head's input). All-zero rows are left out of BN
@@ -126,12 +137,16 @@ class CNNBN(TargetModel):
                         features_only: bool = False) -> torch.Tensor:
         """``params[name]``: ``[S, *shape]``; ``x``: ``[S, B, C, H, W]`` -> ``[S, B, num_classes]``.
 
-        On a CPU, and anywhere without autograd, a loop over clients of ``functional_call`` (see the module
-        docstring for why not ``vmap``); without autograd each client's activations are freed before the next
-        client runs, which bounds evaluation memory. Training on a GPU uses ``vmap``: the loop is launch-bound
-        there (FedAGHN's CIFAR-10 round on an H200: 22.8 s looped, 2.4 s with ``vmap``; benchmarks/gpu.py).
+        By :meth:`conv_kernel_on`: ``loop`` (a CPU's default) is a loop over clients (see the module docstring for
+        why not ``vmap`` there), and so is ``vmap`` without autograd (each client's activations are freed before the
+        next client runs, which bounds evaluation memory); ``vmap`` trains with ``vmap`` (an accelerator's default:
+        the loop is launch-bound there, FedAGHN's CIFAR-10 round on an H200 took 22.8 s looped, 2.4 s with
+        ``vmap``; benchmarks/gpu.py); ``grouped`` and ``unfold`` run :meth:`grouped_forward`.
         """
-        if x.device.type != "cpu" and torch.is_grad_enabled():
+        kernel = self.conv_kernel_on(x.device)
+        if kernel in ("grouped", "unfold"):
+            return self.grouped_forward(params, x, features_only, kernel)
+        if kernel == "vmap" and torch.is_grad_enabled():
             return self.vmap_forward(params, x, features_only)
         if x.shape[0] == 1:  # one client (the CPU's chunk): its weights straight into the layers' functions, views
             # both ways, no module to re-parametrise: the same kernels as the module, in less time than calling it
@@ -151,6 +166,25 @@ class CNNBN(TargetModel):
                                                                  valid, self.bn2.eps)), 2)
         h = torch.relu(F.linear(h.flatten(1), weights["fc1.weight"], weights["fc1.bias"]))
         return h if features_only else F.linear(h, weights["fc2.weight"], weights["fc2.bias"])
+
+    def grouped_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor, features_only: bool = False,
+                        kernel: str = "grouped") -> torch.Tensor:
+        """:meth:`batched_forward` with every client's layers at once (:class:`ClientGroups`): its convolutions by
+        ``kernel``, each client's BatchNorm over its own channels and its own valid rows (an all-zero row of one
+        client, e.g. padding, leaves its statistics and no other client's)."""
+        groups = ClientGroups(x, kernel)
+        valid = x.flatten(2).ne(0).any(dim=2).transpose(0, 1)  # [B, S]: rows that enter each client's statistics
+
+        def block(h: torch.Tensor, layer: str, norm: str, eps: float) -> torch.Tensor:
+            h = groups.conv2d(h, params[f"{layer}.weight"], params[f"{layer}.bias"])
+            rows = valid.repeat_interleave(h.shape[1] // groups.num_clients, dim=1)  # [B, S*C], client-major
+            h = padding_aware_batch_norm(h, params[f"{norm}.weight"].reshape(-1), params[f"{norm}.bias"].reshape(-1),
+                                         rows, eps)
+            return torch.max_pool2d(torch.relu(h), 2)
+
+        h = block(block(groups.images, "conv1", "bn1", self.bn1.eps), "conv2", "bn2", self.bn2.eps)
+        h = torch.relu(batched_linear(groups.per_client(h), params["fc1.weight"], params["fc1.bias"]))
+        return h if features_only else batched_linear(h, params["fc2.weight"], params["fc2.bias"])
 
     def vmap_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor,
                      features_only: bool = False) -> torch.Tensor:

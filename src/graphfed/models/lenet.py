@@ -29,6 +29,7 @@ def _side_after_features(side: int) -> int:
 
 class LeNet(TargetModel):
     clients_per_chunk = 8  # cache-sized chunks of clients (TargetModel.clients_per_chunk)
+    conv_kernels = ("grouped", "unfold")  # the grouped convolution first (TargetModel.conv_kernels)
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int, channels: int = 16,
                  channels2: int | None = None, hidden: int = 120, hidden2: int = 84) -> None:
@@ -60,7 +61,7 @@ class LeNet(TargetModel):
 
     def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor,
                         features_only: bool = False) -> torch.Tensor:
-        groups = ClientGroups(x)  # every client's convolutions as one grouped convolution (see ClientGroups)
+        groups = ClientGroups(x, self.conv_kernel_on(x.device))  # every client's convolutions at once
         h = torch.max_pool2d(torch.relu(groups.conv2d(groups.images, params["conv1.weight"], params["conv1.bias"])),
                              POOL)
         h = torch.max_pool2d(torch.relu(groups.conv2d(h, params["conv2.weight"], params["conv2.bias"])), POOL)
