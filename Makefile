@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
 # the project's real datasets, beside the clone (graphfed's own default is the user's data folder)
 export GRAPHFED_DATA ?= $(abspath ../shared/data)
 
@@ -23,14 +24,16 @@ demo: $(STAMP)
 	$(BIN)/graphfed compare configs/demo_fl60.yaml --methods panacea,pfedhn,fedavg --seeds 1 --out runs/demo
 
 # The installed-wheel check (tools/check_wheel.py: fresh venvs at the newest and lowest versions the bounds allow,
-# mostly network and disk) runs beside the tests, which take both cores (pytest-xdist). The tests marked kernel_paths
+# mostly network and disk) runs beside the tests, which take every core (pytest-xdist, one worker more than the
+# cores: the Flower deployment tests mostly wait on their processes; tests/conftest.py deals the slow tests out to the
+# workers, and worksteal moves queued tests to a worker that runs dry). The tests marked kernel_paths
 # (what must hold on every CPU's kernels: two computations of one value, the portable golden runs) run again with MKL
 # held to its AVX2 path, the one AMD CPUs take: a bit-for-bit claim that holds only on this CPU's kernels fails here.
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks tools docs
 	$(BIN)/lint-imports
 	$(BIN)/python tools/check_wheel.py > $(VENV)/wheel-check.log 2>&1 & wheel=$$!; \
-	$(BIN)/python -m pytest -n 2; tests=$$?; \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal; tests=$$?; \
 	MKL_ENABLE_INSTRUCTIONS=AVX2 $(BIN)/python -m pytest -n 2 -m kernel_paths; capped=$$?; \
 	wait $$wheel; checked=$$?; cat $(VENV)/wheel-check.log; \
 	[ $$tests -eq 0 ] && [ $$capped -eq 0 ] && [ $$checked -eq 0 ]

@@ -24,10 +24,25 @@ _SHARED_DATA = (Path(__file__).resolve().parents[1] / ".." / "shared" / "data").
 if _SHARED_DATA.is_dir():
     os.environ.setdefault("GRAPHFED_DATA", str(_SHARED_DATA))
 
-# Under pytest-xdist (make test runs 2 workers) each worker takes its share of the cores: torch's default (all of
-# them) in every worker would oversubscribe the machine. A run config's own torch_threads still wins.
+# Under pytest-xdist (make test runs one worker per core and one more) each worker takes its share of the cores
+# (at least one thread): torch's default (all of them) in every worker would oversubscribe the machine. A run config's
+# own torch_threads still wins.
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    _WORKER_THREADS = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    torch.set_num_threads(_WORKER_THREADS)
+    # and the processes tests start (the CLI, Flower's nodes, the benchmarks' scripts): with torch's default each,
+    # OpenMP teams spinning against the other workers made the quick GPU-script test 5x slower
+    os.environ.setdefault("OMP_NUM_THREADS", str(_WORKER_THREADS))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked ``slow`` first. ``make test`` runs xdist's ``worksteal``, which hands the workers contiguous
+    equal parts of this list and lets a worker that runs dry take queued tests from the end of a busy one's part: the
+    first worker runs the slow ones (one Flower deployment at a time) while the others share the rest, and no slow
+    test starts last, keeping one worker busy while the others wait. The Flower deployments mostly wait on their
+    processes, so ``make test`` runs one worker more than the cores to fill the core they leave."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: each kind keeps its order
+
 
 #: A federation and training budget small enough for unit tests, big enough to learn something.
 TINY_BASE: list[str] = [

@@ -118,6 +118,7 @@ def runnable_pages() -> list[Path]:
     return sorted(path for path in DOCS.rglob("*.md") if "<!-- runnable -->" in path.read_text(encoding="utf-8"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("markdown", runnable_pages(), ids=lambda path: str(path.relative_to(DOCS)))
 def test_runnable_blocks_run_as_written(markdown: Path, tmp_path: Path) -> None:
     """Each page's runnable blocks, in order, in one empty folder, with the installed ``graphfed`` on the PATH."""
