@@ -5,7 +5,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
+# one pytest worker per core and one more (see test), at most 8: a worker peaked at 3.7-4.0 GB of memory here
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n + 1 < 8 ? n + 1 : 8 )))
 # the project's real datasets, beside the clone (graphfed's own default is the user's data folder)
 export GRAPHFED_DATA ?= $(abspath ../shared/data)
 
