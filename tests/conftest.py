@@ -158,6 +158,22 @@ def model_client_data(name: str, counts: tuple[int, ...], seed: int = 0) -> tupl
     return fed, ClientSplit.from_lists(xs, ys, fed.task)
 
 
+def model_and_rule(name: str, counts: tuple[int, ...]) -> tuple[Any, Any, ClientSplit, Any, torch.Tensor]:
+    """Model ``name`` (seeded), its ParamSpec, :func:`model_client_data` (seed 1) of ``counts`` rows, a plain-SGD rule
+    of 3 steps of batch 4 at lr 0.05, and every client's start weights (the model's own)."""
+    from graphfed.client.contract import ClientRule, ClientSetting, LocalTraining
+    from graphfed.core.params import ParamSpec
+    from graphfed.models import build_model
+
+    fed, split = model_client_data(name, counts, seed=1)
+    torch.manual_seed(0)
+    model = build_model(name, fed, {})
+    spec = ParamSpec.from_module(model)
+    rule = ClientRule(ClientSetting(spec, model.head_names, fed.task, fed.output_dim, LocalTraining(3, 4, 0.05)))
+    start = spec.flatten_module(model).unsqueeze(0).repeat(len(counts), 1)
+    return model, spec, split, rule, start
+
+
 @contextlib.contextmanager
 def registered_dataset(name: str, build: Callable[..., Any], task: str) -> Iterator[None]:
     """``dataset.name: <name>`` for the block only: the registry is process-wide and the catalogue test reads it."""

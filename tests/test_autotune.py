@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import model_client_data
+from conftest import model_and_rule
 from graphfed.client import autotune
 from graphfed.client.autotune import choose_clients_per_chunk
-from graphfed.client.contract import ClientRule, ClientSetting, LocalTraining
+from graphfed.client.contract import ClientRule
 from graphfed.client.training import train_clients
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import ClientSplit
-from graphfed.models import MODELS, build_model
+from graphfed.models import MODELS
 from graphfed.sim.engine import Simulator
 
 COUNTS = (7, 12, 9, 5, 10)
@@ -31,13 +31,7 @@ def quiet_machine(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _model_and_rule(name: str) -> tuple[object, ParamSpec, ClientSplit, ClientRule, torch.Tensor]:
-    fed, split = model_client_data(name, COUNTS, seed=1)
-    torch.manual_seed(0)
-    model = build_model(name, fed, {})  # type: ignore[arg-type]
-    spec = ParamSpec.from_module(model)
-    rule = ClientRule(ClientSetting(spec, model.head_names, fed.task, fed.output_dim, LocalTraining(3, 4, 0.05)))
-    start = spec.flatten_module(model).unsqueeze(0).repeat(len(COUNTS), 1)
-    return model, spec, split, rule, start
+    return model_and_rule(name, COUNTS)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
