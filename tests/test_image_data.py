@@ -28,7 +28,7 @@ from graphfed.data.datasets.idx import (
 )
 from graphfed.data.federation import ClientSplit
 from graphfed.models import MODELS, build_model
-from graphfed.models.cnn_bn import CNNBN, PaddingAwareBatchNorm2d
+from graphfed.models.cnn_bn import CNNBN, PaddingAwareBatchNorm2d, normalised, padding_aware_batch_norm
 
 SHARED_DATA = (Path(__file__).parents[1] / "../shared/data").resolve()
 
@@ -319,6 +319,22 @@ def test_padding_aware_bn_equals_plain_batch_norm_and_ignores_padding_rows() -> 
     torch.testing.assert_close(bn(padded, valid)[:7], reference, atol=1e-5, rtol=1e-5)
     empty = bn(torch.zeros(3, 5, 6, 6), torch.zeros(3, dtype=torch.bool))  # a client without rows
     assert torch.isfinite(empty).all()
+
+
+def test_padding_aware_bn_with_every_row_counting_skips_the_mask_with_the_same_bits() -> None:
+    """A batch whose rows all count (every training batch) is normalised without the mask's multiplications: the
+    same bits as multiplying by an all-ones mask, forward and backward; one uncounted row puts the mask back."""
+    torch.manual_seed(0)
+    h = (torch.randn(6, 4, 5, 5) * 2 + 1).requires_grad_()
+    weight, bias = torch.rand(4) + 0.5, torch.rand(4) - 0.5
+    fast = padding_aware_batch_norm(h, weight, bias, torch.ones(6, dtype=torch.bool), 1e-5)
+    masked = normalised(h, torch.ones(6, 1, 1, 1), torch.tensor(6.0 * 25), weight, bias, 1e-5)
+    assert torch.equal(fast, masked)
+    upstream = torch.randn_like(fast)
+    assert torch.equal(torch.autograd.grad(fast, h, upstream)[0], torch.autograd.grad(masked, h, upstream)[0])
+    one_left_out = torch.arange(6) < 5
+    torch.testing.assert_close(padding_aware_batch_norm(h, weight, bias, one_left_out, 1e-5)[:5],
+                               F.batch_norm(h[:5], None, None, weight, bias, training=True, eps=1e-5))
 
 
 def test_cnn_bn_evaluation_on_padded_clients_equals_unpadded_forward() -> None:

@@ -152,10 +152,12 @@ def train_one_module(model: TargetModel, spec: ParamSpec, start: torch.Tensor, d
     with torch.no_grad():
         torch._foreach_copy_(parameters, list(spec.unflatten(start[0].detach()).values()))
     batch_index = draw_batch_indices(data.counts, training.steps, training.batch_size, batch_seeds)
+    layout = model.images_layout_on(start.device)  # as the model's own client loop lays its images out
     losses: list[torch.Tensor] = []
     for step in range(training.steps):
         x, y = data.gather(batch_index[:, step])
-        loss = per_client_loss(local(x[0]).unsqueeze(0), y, task)
+        images = x[0] if x.ndim != 5 else x[0].contiguous(memory_format=layout)
+        loss = per_client_loss(local(images).unsqueeze(0), y, task)
         loss.sum().backward()
         with torch.no_grad():
             stepped = [parameter for parameter in parameters if parameter.grad is not None]  # unused: zero gradient

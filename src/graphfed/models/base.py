@@ -49,6 +49,12 @@ class TargetModel(nn.Module):
         network's loop on a CPU): then the chunk size changes nothing and is not calibrated."""
         return self.conv_kernel_on(device) == "loop"
 
+    def images_layout_on(self, device: torch.device) -> torch.memory_format:
+        """The memory layout a client's images ``[B, C, H, W]`` are handed to this model's one-client networks in on
+        ``device`` (the engine's module step, and the model's own loop over clients): the convolutions, pooling and
+        elementwise layers then run in it. The default keeps the layout the data come in."""
+        return torch.contiguous_format
+
     def pads_scoring_blocks(self, device: torch.device) -> bool:
         """Whether a model with batch statistics scores several clients' whole splits in one call on ``device``,
         each padded to the longest with all-zero rows that its statistics leave out (False: one client a call)."""
@@ -103,6 +109,15 @@ class TargetModel(nn.Module):
         per_client = {name: value.unbind(0) for name, value in params.items()}
         return torch.stack([functional_call(self, {name: tensors[s] for name, tensors in per_client.items()},
                                             (x[s],), {"features_only": features_only}) for s in range(num_clients)])
+
+
+def in_layout(images: torch.Tensor, layout: torch.memory_format) -> torch.Tensor:
+    """Clients' images ``[S, B, C, H, W]`` with each client's ``[B, C, H, W]`` in ``layout`` (the same values)."""
+    if layout == torch.contiguous_format:
+        return images.contiguous()
+    if layout != torch.channels_last:
+        raise ValueError(f"images can be laid out contiguous or channels-last, not {layout}")
+    return images.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
 
 
 #: ways to run many clients' convolutions (``train.conv_kernel``): ``loop`` (one client's network after another),

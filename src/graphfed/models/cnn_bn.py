@@ -56,8 +56,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._C._functorch import is_batchedtensor
 
-from graphfed.models.base import ClientGroups, TargetModel, batched_linear
+from graphfed.models.base import ClientGroups, TargetModel, batched_linear, in_layout
 
 __all__ = ["CNNBN", "PaddingAwareBatchNorm2d"]
 
@@ -81,14 +82,31 @@ def padding_aware_batch_norm(h: torch.Tensor, weight: torch.Tensor, bias: torch.
                              valid: torch.Tensor | None, eps: float) -> torch.Tensor:
     """:class:`PaddingAwareBatchNorm2d` as a function of its weights (a client's own, in the client loop).
     ``valid``: ``[B]``, or ``[B, C]`` where the channels' valid rows differ (many clients' channels side by side)."""
-    weight_rows = torch.ones(h.shape[0], dtype=h.dtype, device=h.device) if valid is None else valid.to(h.dtype)
-    m = weight_rows.view(h.shape[0], -1, 1, 1)
+    if valid is not None and every_row_counts(valid):
+        valid = None  # no mask to multiply by: x * 1 is x, so the same bits with two passes fewer each way
+    if valid is None:
+        n = torch.tensor(float(h.shape[0]), dtype=h.dtype, device=h.device) * (h.shape[2] * h.shape[3])
+        return normalised(h, None, n.clamp_min(1.0), weight, bias, eps)
+    weight_rows = valid.to(h.dtype)
     n = (weight_rows.sum(0) * (h.shape[2] * h.shape[3])).clamp_min(1.0).view(1, -1, 1, 1)
-    mean = (h * m).sum(dim=(0, 2, 3), keepdim=True) / n
+    return normalised(h, weight_rows.view(h.shape[0], -1, 1, 1), n, weight, bias, eps)
+
+
+def normalised(h: torch.Tensor, mask: torch.Tensor | None, n: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+               eps: float) -> torch.Tensor:
+    """BatchNorm of ``h`` by the statistics of the rows ``mask`` keeps (None: all), ``n`` values per channel."""
+    mean = (h if mask is None else h * mask).sum(dim=(0, 2, 3), keepdim=True) / n
     centred = h - mean
-    var = (centred.square() * m).sum(dim=(0, 2, 3), keepdim=True) / n
+    squares = centred.square()
+    var = (squares if mask is None else squares * mask).sum(dim=(0, 2, 3), keepdim=True) / n
     scale = torch.rsqrt(var + eps) * weight.view(1, -1, 1, 1)
     return centred * scale + bias.view(1, -1, 1, 1)
+
+
+def every_row_counts(valid: torch.Tensor) -> bool:
+    """Whether every row enters the statistics, where asking costs nothing: on a CPU (an accelerator would wait
+    for the answer) and outside ``vmap`` (whose tensors have no single answer)."""
+    return valid.device.type == "cpu" and not is_batchedtensor(valid) and bool(valid.all())
 
 
 class CNNBN(TargetModel):
@@ -148,6 +166,7 @@ class CNNBN(TargetModel):
             return self.grouped_forward(params, x, features_only, kernel)
         if kernel == "vmap" and torch.is_grad_enabled():
             return self.vmap_forward(params, x, features_only)
+        x = in_layout(x, self.images_layout_on(x.device))
         if x.shape[0] == 1:  # one client (the CPU's chunk): its weights straight into the layers' functions, views
             # both ways, no module to re-parametrise: the same kernels as the module, in less time than calling it
             return self.client_forward({name: value.squeeze(0) for name, value in params.items()}, x[0],
