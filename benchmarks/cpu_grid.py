@@ -21,11 +21,13 @@ fc 512->10: graphfed's ``lenet`` at 32 / 64 / 512 / 10), ``cnn-bn`` and ``resnet
 CIFAR-10 Dir(0.1) splits of 20 and 100 clients (each client's own training rows), 50 and 10 local steps, batch 10
 and 32. The loop there is the one PFLlib and FL-bench write: ``copy.deepcopy`` of the model per client, a shuffling
 ``DataLoader`` over the client's tensors (epochs until the steps are done), ``SGD``, ``zero_grad / backward /
-step``, the module called as a module. graphfed runs as a run at the default settings does: the chunk size a fresh
-calibration of the run's own kind picks and, for a network that trains its clients one at a time (CNN-BN,
-ResNet-like), the thread count a fresh measurement picks (``graphfed.client.thread_choice``: the default threads,
-or one each with clients side by side); each choice, its time and its certainty are recorded. Both sides run
-interleaved, best of ``--repeats``. The grid's cells make the same two choices.
+step``, the module called as a module, on the images as they come (NCHW). For a network graphfed hands its images
+in another layout (CNN-BN: channels-last on a CPU), the loop also runs a second time with its batches in that layout
+(``loop_in_layout_s``): how much of graphfed's edge is the layout. graphfed runs as a run at the default settings
+does: the chunk size a fresh calibration of the run's own kind picks and, for a network that trains its clients one
+at a time (CNN-BN, ResNet-like), the thread count a fresh measurement picks (``graphfed.client.thread_choice``: the
+default threads, or one each with clients side by side); each choice, its time and its certainty are recorded. All
+sides run interleaved, best of ``--repeats``. The grid's cells make the same two choices.
 
     .venv/bin/python benchmarks/cpu_grid.py             # writes benchmarks/results/cpu_grid.json
     .venv/bin/python benchmarks/cpu_grid.py --realistic --out benchmarks/results/cpu_realistic.json
@@ -147,9 +149,10 @@ def cifar_model(model_name: str, options: dict[str, Any]) -> TargetModel:
 
 
 def run_module_loop(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data: ClientSplit,
-                    training: LocalTraining) -> torch.Tensor:
+                    training: LocalTraining, layout: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
     """PFLlib's / FL-bench's client loop: a deep copy of the model per client, a shuffling DataLoader over its
-    rows (as many epochs as the steps take), SGD, backward, step; the module called as a module."""
+    rows (as many epochs as the steps take), SGD, backward, step; the module called as a module, on each batch in
+    ``layout`` (PFLlib's: the layout the data come in)."""
     trained = []
     for client in range(data.num_clients):
         local, optimizer = client_copy(model, spec, start, client, training)
@@ -161,7 +164,7 @@ def run_module_loop(model: TargetModel, spec: ParamSpec, start: torch.Tensor, da
         while done < training.steps and len(x):
             for batch_x, batch_y in loader:
                 optimizer.zero_grad()
-                nn.functional.cross_entropy(local(batch_x), batch_y).backward()
+                nn.functional.cross_entropy(local(batch_x.contiguous(memory_format=layout)), batch_y).backward()
                 optimizer.step()
                 done += 1
                 if done == training.steps:
@@ -224,6 +227,9 @@ def measure_realistic(model_name: str, options: dict[str, Any], data: ClientSpli
     training = LocalTraining(steps, batch, 0.05)
     graphfed, choices = at_default_settings(model, spec, start, data, training)
     sides = {"graphfed": graphfed, "loop": lambda: run_module_loop(model, spec, start, data, training)}
+    layout = model.images_layout_on(torch.device("cpu"))
+    if layout != torch.contiguous_format:  # what the loop gets with graphfed's layout: graphfed's edge beyond it
+        sides["loop_in_layout"] = lambda: run_module_loop(model, spec, start, data, training, layout)
     for run in sides.values():  # warm-up
         run()
     times = {name: float("inf") for name in sides}
@@ -234,7 +240,11 @@ def measure_realistic(model_name: str, options: dict[str, Any], data: ClientSpli
     return {"model": model_name, "options": options, "parameters": spec.dim, "clients": data.num_clients,
             "median_rows": int(data.counts.median()), "batch": batch, "steps": steps, **choices,
             "graphfed_s": round(times["graphfed"], 3), "loop_s": round(times["loop"], 3),
-            "ratio": round(times["loop"] / times["graphfed"], 3)}
+            "ratio": round(times["loop"] / times["graphfed"], 3),
+            **({} if "loop_in_layout" not in times else
+               {"images_layout": str(layout).removeprefix("torch."),
+                "loop_in_layout_s": round(times["loop_in_layout"], 3),
+                "ratio_to_loop_in_layout": round(times["loop_in_layout"] / times["graphfed"], 3)})}
 
 
 def realistic(repeats: int, data_dir: Path, models: list[str] | None) -> list[dict[str, Any]]:
@@ -249,7 +259,9 @@ def realistic(repeats: int, data_dir: Path, models: list[str] | None) -> list[di
                 cells.append(cell)
                 print(f"{model_name:12s} {clients:4d} clients x {steps} steps, batch {batch:3d}: graphfed "
                       f"{cell['graphfed_s']:.2f} s ({how_it_ran(cell)}, calibration {cell['calibration_s']:.1f} s), "
-                      f"loop {cell['loop_s']:.2f} s, ratio {cell['ratio']:.2f}x", flush=True)
+                      f"loop {cell['loop_s']:.2f} s, ratio {cell['ratio']:.2f}x"
+                      + (f" (loop in graphfed's layout {cell['loop_in_layout_s']:.2f} s, "
+                         f"{cell['ratio_to_loop_in_layout']:.2f}x)" if "loop_in_layout_s" in cell else ""), flush=True)
     return cells
 
 

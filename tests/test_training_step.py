@@ -116,7 +116,8 @@ def test_descend_does_not_write_into_a_gradient_two_leaves_share() -> None:
 
 def test_a_batchnorm_networks_one_client_path_is_its_module_bit_for_bit() -> None:
     """CNN-BN's chunk of one client runs its layers' functions on the client's weights: forward and gradients equal
-    the module's (functional_call), so the faster path changes no number."""
+    the module's (functional_call) on the images in the layout the engine hands them over in, so the faster path
+    changes no number."""
     torch.manual_seed(0)
     shape = SimpleNamespace(name="x", task="classification", input_shape=(3, 32, 32), output_dim=10)
     model = build_model("cnn-bn", shape, {})  # type: ignore[arg-type]
@@ -125,7 +126,7 @@ def test_a_batchnorm_networks_one_client_path_is_its_module_bit_for_bit() -> Non
     fast = model.batched_forward(params, x)
     fast_grads = torch.autograd.grad(fast.square().sum(), list(params.values()))
     module_params = {name: value.detach().clone().requires_grad_() for name, value in model.named_parameters()}
-    slow = functional_call(model, module_params, (x[0],))
+    slow = functional_call(model, module_params, (x[0].contiguous(memory_format=model.images_layout_on(x.device)),))
     slow_grads = torch.autograd.grad(slow.square().sum(), list(module_params.values()))
     assert torch.equal(fast[0], slow)
     for mine, theirs in zip(fast_grads, slow_grads, strict=True):
@@ -163,3 +164,40 @@ def test_a_client_trained_as_a_module_gets_the_functional_paths_weights_and_loss
         assert torch.equal(as_module.metrics[key], functional.metrics[key]), key
     assert not torch.equal(as_module.metrics["loss_first"], as_module.metrics["loss_last"])
 
+
+
+def test_cnn_bn_images_reach_the_convolutions_channels_last_on_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU, CNN-BN's clients train and are scored with their images channels-last (oneDNN's faster layout),
+    on the engine's module step, the functional path and the scoring loop alike; the module called as a user
+    calls it keeps the layout it is given."""
+    shape = SimpleNamespace(name="x", task="classification", input_shape=(3, 12, 12), output_dim=4)
+    model = build_model("cnn-bn", shape, {"channels": 4, "hidden": 8, "kernel_size": 3})  # type: ignore[arg-type]
+    spec = ParamSpec.from_module(model)
+    generator = torch.Generator().manual_seed(0)
+    xs = [torch.randn(rows, 3, 12, 12, generator=generator) for rows in (9, 6)]
+    data = ClientSplit.from_lists(xs, [torch.randint(0, 4, (len(x),), generator=generator) for x in xs],
+                                  "classification")
+    start = spec.flatten_module(model).unsqueeze(0).repeat(2, 1)
+    layouts: list[tuple[str, bool]] = []
+    conv2d = torch.nn.functional.conv2d
+
+    def recording(images: torch.Tensor, weight: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        if images.shape[1] == 3:  # the first convolution: the images as the engine handed them over
+            layouts.append((path, images.is_contiguous(memory_format=torch.channels_last)))
+        return conv2d(images, weight, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "conv2d", recording)
+    model.clients_per_chunk = 1
+    rule = plain_sgd(spec, "classification", LocalTraining(steps=2, batch_size=4, lr=0.1))
+    path = "module step"
+    training.train_clients(model, spec, start, data, rule, [1, 2])
+    path = "functional"
+    training.train_clients(model, spec, start, data, ClientRule(rule.setting, prox_mu=0.1), [1, 2])
+    path = "scoring"
+    with torch.no_grad():
+        model.batched_forward(spec.unflatten(start), data.padded().x)
+    path = "as a user calls it"
+    model(xs[0])
+    assert {name for name, _ in layouts} == {"module step", "functional", "scoring", "as a user calls it"}
+    assert all(channels_last for name, channels_last in layouts if name != "as a user calls it"), layouts
+    assert not any(channels_last for name, channels_last in layouts if name == "as a user calls it")

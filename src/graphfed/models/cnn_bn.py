@@ -44,6 +44,11 @@ sizes: S=5 clients x B=64 rows forward+backward: loop 334 ms, vmap 368 ms; S=20 
 bonus, under ``torch.no_grad`` only one client's activations are alive at a time, which bounds evaluation memory
 (a 7k-row client needs about 0.5 GiB for its first conv activation).
 
+On a CPU the loop hands each client's images to its network channels-last (``images_layout_on``; the engine's
+module step does the same): oneDNN's convolutions and its pooling run faster in that layout (one thread, 32x32
+inputs, a batch of 32: 26.6 ms a step in the images' own layout, 22.2 ms channels-last; a batch of 10: 8.5 and
+6.9 ms). The module called as a user calls it keeps the layout it is given.
+
 On an accelerator the loop is launch-bound, and a run measures (``graphfed.client.autotune.choose_conv_kernel``)
 ``vmap`` against the hand-batched network (:meth:`CNNBN.grouped_forward`): every client's convolutions as one grouped
 convolution or as im2col + one batched matrix product (the tensor cores' GEMMs), channels-last, with each client's
@@ -139,6 +144,9 @@ class CNNBN(TargetModel):
 
     def default_conv_kernel(self, device: torch.device) -> str:
         return "loop" if device.type == "cpu" else "vmap"  # see the module docstring
+
+    def images_layout_on(self, device: torch.device) -> torch.memory_format:
+        return torch.channels_last if device.type == "cpu" else torch.contiguous_format  # see the module docstring
 
     def pads_scoring_blocks(self, device: torch.device) -> bool:
         return self.conv_kernel_on(device) in ("grouped", "unfold")
