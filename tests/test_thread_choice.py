@@ -14,7 +14,7 @@ import torch
 
 from conftest import without_wall_time
 from golden_runs import config_of
-from graphfed.client import thread_choice
+from graphfed.client import autotune, thread_choice
 from graphfed.client.contract import LocalTraining, plain_sgd
 from graphfed.config import RunConfig, validate_config
 from graphfed.core.params import ParamSpec
@@ -32,7 +32,7 @@ def two_threads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Non
     before = torch.get_num_threads()
     monkeypatch.setenv("GRAPHFED_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("GRAPHFED_CLIENT_WORKERS", "2")
-    monkeypatch.setattr(thread_choice, "machine_load", lambda: 0.0)
+    monkeypatch.setattr(autotune, "machine_load", lambda: 0.0)
     torch.set_num_threads(2)
     yield
     torch.set_num_threads(before)
@@ -98,7 +98,7 @@ def test_a_measurement_under_load_is_used_once_and_not_cached(two_threads: None,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[int, ...]] = []
     monkeypatch.setattr(thread_choice, "_measure", planted_timings(1, calls))
-    monkeypatch.setattr(thread_choice, "machine_load", lambda: 3.0)
+    monkeypatch.setattr(autotune, "machine_load", lambda: 3.0)
     model, spec, rule = network()
     first = thread_choice.choose_torch_threads(model, spec, rule, SHAPE, 4, ROUND)
     second = thread_choice.choose_torch_threads(model, spec, rule, SHAPE, 4, ROUND)

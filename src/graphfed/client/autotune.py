@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -121,6 +121,36 @@ def machine_load() -> float:
         return 0.0
 
 
+@dataclass(frozen=True)
+class Judged(Generic[Option]):
+    """A calibration's outcome: the option its timings support, each option's median seconds, and how sure."""
+
+    best: Option
+    medians: dict[Option, float]
+    #: how it was decided, the timings' spread and rounds, the machine's load around them, and ``suspect``
+    certainty: dict[str, Any]
+
+
+def judged(timed: Callable[[], dict[Option, list[float]]],
+           choose: Callable[[dict[Option, list[float]]], tuple[Option, dict[str, Any]]]) -> Judged[Option]:
+    """``timed()``'s timings judged by ``choose`` (e.g. :func:`decide`), with the machine's load around them: a
+    measurement under load above :data:`SUSPECT_LOAD_PER_CORE` per core or with a spread above
+    :data:`SUSPECT_SPREAD` is suspect (:func:`remember` then leaves it out of the cache)."""
+    load = machine_load()
+    timings = timed()
+    best, certainty = choose(timings)
+    certainty["load_per_core"] = round(max(load, machine_load()), 2)
+    certainty["suspect"] = certainty["load_per_core"] > SUSPECT_LOAD_PER_CORE or certainty["spread"] > SUSPECT_SPREAD
+    return Judged(best, {option: statistics.median(values) for option, values in timings.items()}, certainty)
+
+
+def remember(cache_file: Path, key: str, outcome: Judged[Any], entry: dict[str, Any]) -> None:
+    """Caches ``entry`` with the outcome's certainty unless the measurement was suspect: a measurement under load is
+    this run's, not the machine's, and the next run measures again."""
+    if not outcome.certainty["suspect"]:
+        _write_cache(cache_file, key, {**entry, "certainty": outcome.certainty})
+
+
 def choose_clients_per_chunk(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: ClientRule,
                              clients_at_once: int, autotune: bool = True, pinned: int | None = None,
                              cache_file: Path | None = None) -> ChunkChoice:
@@ -152,18 +182,15 @@ def choose_clients_per_chunk(model: TargetModel, spec: ParamSpec, data: ClientSp
     candidates = CANDIDATES if on_cpu else ACCELERATOR_CANDIDATES
     default = min(declared, sample)
     sizes = sorted({size for size in candidates if size < sample} | {sample, default})
-    load = machine_load()
-    timings = measure(model, spec, data.select(torch.arange(sample, device="cpu")), rule, sizes, default, on_cpu)
-    best, certainty = decide(timings, default, on_cpu)
-    certainty["load_per_core"] = round(max(load, machine_load()), 2)
-    certainty["suspect"] = certainty["load_per_core"] > SUSPECT_LOAD_PER_CORE or certainty["spread"] > SUSPECT_SPREAD
-    medians = {size: statistics.median(values) for size, values in timings.items()}
-    log.info("%s: %d clients per chunk, %s (median per client: %s)", type(model).__name__, best,
-             certainty["decided"], ", ".join(f"{size}: {seconds * 1e3:.1f} ms" for size, seconds in medians.items()))
-    if not certainty["suspect"]:  # a measurement under load is this run's, not the machine's: measured again
-        _write_cache(cache_file, key, {"clients_per_chunk": best, "certainty": certainty,
-                                       "seconds_per_client": {str(size): s for size, s in medians.items()}})
-    return ChunkChoice(best, "measured", medians, certainty)
+    outcome = judged(lambda: measure(model, spec, data.select(torch.arange(sample, device="cpu")), rule, sizes,
+                                     default, on_cpu),
+                     lambda timings: decide(timings, default, on_cpu))
+    log.info("%s: %d clients per chunk, %s (median per client: %s)", type(model).__name__, outcome.best,
+             outcome.certainty["decided"],
+             ", ".join(f"{size}: {seconds * 1e3:.1f} ms" for size, seconds in outcome.medians.items()))
+    remember(cache_file, key, outcome, {"clients_per_chunk": outcome.best, "seconds_per_client": {
+        str(size): seconds for size, seconds in outcome.medians.items()}})
+    return ChunkChoice(outcome.best, "measured", outcome.medians, outcome.certainty)
 
 
 def decide(timings: dict[Option, list[float]], default: Option, on_cpu: bool, kept: str = "the default",
@@ -308,22 +335,21 @@ def measured_conv_kernel(model: TargetModel, spec: ParamSpec, data: ClientSplit,
         return KernelChoice(cached["conv_kernel"], "cached", dict(cached["seconds_per_client"]),
                             dict(cached.get("certainty", {})))
     on_cpu = data.device.type == "cpu"
-    load = machine_load()
-    declared_chunk, model.clients_per_chunk = model.clients_per_chunk, data.num_clients
-    try:
-        timings = measure(model, spec, data, rule, candidates, default, on_cpu, setting="conv_kernel")
-    finally:
-        model.clients_per_chunk = declared_chunk
-    best, certainty = decide(timings, default, on_cpu, kept=f"the model's {default}",
-                             prefer=lambda close: min(close, key=candidates.index))
-    certainty["load_per_core"] = round(max(load, machine_load()), 2)
-    certainty["suspect"] = certainty["load_per_core"] > SUSPECT_LOAD_PER_CORE or certainty["spread"] > SUSPECT_SPREAD
-    medians = {kernel: statistics.median(values) for kernel, values in timings.items()}
-    log.info("%s: %s convolutions, %s (median per client: %s)", type(model).__name__, best, certainty["decided"],
-             ", ".join(f"{kernel}: {seconds * 1e3:.2f} ms" for kernel, seconds in medians.items()))
-    if not certainty["suspect"]:
-        _write_cache(cache_file, key, {"conv_kernel": best, "certainty": certainty, "seconds_per_client": medians})
-    return KernelChoice(best, "measured", medians, certainty)
+
+    def timed() -> dict[str, list[float]]:
+        declared_chunk, model.clients_per_chunk = model.clients_per_chunk, data.num_clients
+        try:
+            return measure(model, spec, data, rule, candidates, default, on_cpu, setting="conv_kernel")
+        finally:
+            model.clients_per_chunk = declared_chunk
+
+    outcome = judged(timed, lambda timings: decide(timings, default, on_cpu, kept=f"the model's {default}",
+                                                   prefer=lambda close: min(close, key=candidates.index)))
+    log.info("%s: %s convolutions, %s (median per client: %s)", type(model).__name__, outcome.best,
+             outcome.certainty["decided"],
+             ", ".join(f"{kernel}: {seconds * 1e3:.2f} ms" for kernel, seconds in outcome.medians.items()))
+    remember(cache_file, key, outcome, {"conv_kernel": outcome.best, "seconds_per_client": outcome.medians})
+    return KernelChoice(outcome.best, "measured", outcome.medians, outcome.certainty)
 
 
 #: local steps a pack's calibration times (at most; the run's own count if fewer)

@@ -35,13 +35,11 @@ import torch
 from graphfed.client.autotune import (
     CACHE_NAME,
     CALIBRATION_ROUNDS,
-    SUSPECT_LOAD_PER_CORE,
-    SUSPECT_SPREAD,
     _read_cache,
     _threads_entry,
-    _write_cache,
     decide,
-    machine_load,
+    judged,
+    remember,
     timing_key,
 )
 from graphfed.client.contract import ClientRule
@@ -113,23 +111,25 @@ def choose_torch_threads(model: TargetModel, spec: ParamSpec, rule: ClientRule, 
         return ThreadsChoice(cached["torch_threads"], "cached",
                              {int(n): seconds for n, seconds in cached["seconds_per_round"].items()}, workers,
                              dict(cached.get("certainty", {})))
-    load = machine_load()
-    phases = _measure(model, spec, data, rule, (threads, 1), shape)
-    timings = {n: [training + scoring for training, scoring in rounds] for n, rounds in phases.items()}
-    training_share = statistics.median(training / (training + scoring) for training, scoring in phases[threads])
-    prior = 1 if training_share >= 0.5 else threads  # the count that wins the round's larger phase
-    best, certainty = decide(timings, prior, on_cpu=True, kept="the larger phase's count")
-    certainty.update(training_share=round(training_share, 3), prior=prior)
-    certainty["load_per_core"] = round(max(load, machine_load()), 2)
-    certainty["suspect"] = certainty["load_per_core"] > SUSPECT_LOAD_PER_CORE or certainty["spread"] > SUSPECT_SPREAD
-    medians = {n: statistics.median(values) for n, values in timings.items()}
+    phases: dict[int, list[tuple[float, float]]] = {}
+
+    def timed() -> dict[int, list[float]]:
+        phases.update(_measure(model, spec, data, rule, (threads, 1), shape))
+        return {n: [training + scoring for training, scoring in rounds] for n, rounds in phases.items()}
+
+    def choose(timings: dict[int, list[float]]) -> tuple[int, dict[str, Any]]:
+        training_share = statistics.median(training / (training + scoring) for training, scoring in phases[threads])
+        prior = 1 if training_share >= 0.5 else threads  # the count that wins the round's larger phase
+        best, certainty = decide(timings, prior, on_cpu=True, kept="the larger phase's count")
+        return best, {**certainty, "training_share": round(training_share, 3), "prior": prior}
+
+    outcome = judged(timed, choose)
     log.info("%s: %s (a round's median: %s)", type(model).__name__,
-             f"{workers} clients side by side on one thread each" if best == 1 else f"{threads} threads",
-             ", ".join(f"{n} threads {seconds:.2f} s" for n, seconds in medians.items()))
-    if not certainty["suspect"]:
-        _write_cache(cache_file, key, {"torch_threads": best, "certainty": certainty,
-                                       "seconds_per_round": {str(n): s for n, s in medians.items()}})
-    return ThreadsChoice(best, "measured", medians, workers, certainty)
+             f"{workers} clients side by side on one thread each" if outcome.best == 1 else f"{threads} threads",
+             ", ".join(f"{n} threads {seconds:.2f} s" for n, seconds in outcome.medians.items()))
+    remember(cache_file, key, outcome, {"torch_threads": outcome.best, "seconds_per_round": {
+        str(n): seconds for n, seconds in outcome.medians.items()}})
+    return ThreadsChoice(outcome.best, "measured", outcome.medians, workers, outcome.certainty)
 
 
 def _measure(model: TargetModel, spec: ParamSpec, data: ClientSplit, rule: ClientRule,
