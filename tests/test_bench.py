@@ -654,3 +654,28 @@ def test_a_vouch_without_private_runs_stales_private_runs_only(tmp_path: Path, m
     finally:
         for cached in (provenance._behaviour_table, provenance.behaviour):
             cached.cache_clear()
+
+
+@pytest.mark.parametrize("pack", [1, 0], ids=["cell by cell", "as one pack"])
+def test_a_stale_cell_whose_rerun_fails_is_a_failure_not_its_old_summary(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pack: int) -> None:
+    """A cell re-run in its own process (alone or in a pack) that fails before writing a summary is reported failed:
+    the summary an earlier run left in its folder is not the new run's result, and it is kept (nothing lost)."""
+    import sys
+
+    suite = _tiny_fln_suite(tmp_path, "failed rerun", 2, ["fedavg"])
+    out = tmp_path / "out"
+    run_suite(suite, out, in_process=True, echo=lambda line: None)
+    for seed in (0, 1):
+        summary = json.loads((out / "runs" / "fln" / "fedavg" / f"seed{seed}" / "summary.json").read_text())
+        _edit_summary(out, "fedavg", seed, code={**summary["code"], "behaviour": "0123456789abcdef"})
+    left = {seed: (out / "runs" / "fln" / "fedavg" / f"seed{seed}" / "summary.json").read_text() for seed in (0, 1)}
+    monkeypatch.setattr(sys, "executable", shutil.which("false"))  # the cells' processes exit 1 at once, silent
+    lines: list[str] = []
+    report, all_done = run_suite(suite, out, pack=pack, echo=lines.append)
+    assert not all_done
+    assert sum("failed (exit 1): no output" in line for line in lines) == 2, lines
+    assert not any("completed" in line for line in lines), lines
+    assert {seed: (out / "runs" / "fln" / "fedavg" / f"seed{seed}" / "summary.json").read_text()
+            for seed in (0, 1)} == left
+    assert "Not completed (left out of the table): `fedavg`: failed (exit 1): no output" in report.read_text()

@@ -133,6 +133,7 @@ def _run_in_subprocess(cell: Cell, directory: Path, resume: bool) -> RunResult:
     runs.atomic_write_text(cell_config, dump_config(cell.config))
     command = [sys.executable, "-m", "graphfed.cli", "run", str(cell_config), "--out", str(directory),
                "--no-progress", *(["--resume"] if resume else [])]
+    before = _summary_identity(directory)
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with _RUNNING_LOCK:
         _RUNNING.add(process)
@@ -144,11 +145,29 @@ def _run_in_subprocess(cell: Cell, directory: Path, resume: bool) -> RunResult:
     finally:
         with _RUNNING_LOCK:
             _RUNNING.discard(process)
+    return _written_result(directory, before, process.returncode, stderr or stdout)
+
+
+def _summary_identity(directory: Path) -> tuple[int, int] | None:
+    """The run's ``summary.json`` as the file system knows it (inode, modification time), None when there is none."""
     try:
-        return runs.read_result(directory)
-    except (OSError, UntrustedInputError):
-        last_lines = (stderr or stdout).strip().splitlines()[-3:]
-        return RunResult(status=f"failed (exit {process.returncode}): {' / '.join(last_lines) or 'no output'}")
+        status = (directory / runs.SUMMARY).stat()
+    except OSError:
+        return None
+    return status.st_ino, status.st_mtime_ns
+
+
+def _written_result(directory: Path, before: tuple[int, int] | None, exit_code: int | None, output: str) -> RunResult:
+    """What a cell's process wrote: its summary when the process wrote one (``before``: the summary's identity when
+    it started), else a failure with the process's last lines. A summary left from an earlier run (a stale cell
+    whose rerun failed to start) is not this process's result."""
+    if _summary_identity(directory) not in (None, before):
+        try:
+            return runs.read_result(directory)
+        except (OSError, UntrustedInputError):
+            pass
+    last_lines = output.strip().splitlines()[-3:]
+    return RunResult(status=f"failed (exit {exit_code}): {' / '.join(last_lines) or 'no output'}")
 
 
 def _stop(processes: list[subprocess.Popen[str]]) -> None:
@@ -218,6 +237,7 @@ def _run_pack_in_subprocess(job: PackJob) -> list[RunResult]:
         entries.append({"config": str(directory / "cell.yaml"), "out": str(directory), "resume": resume})
     pack_file = job[0][1].parent / "pack.json"
     runs.atomic_write_text(pack_file, json.dumps(entries, indent=1) + "\n")
+    before = [_summary_identity(directory) for _, directory, _ in job]
     process = subprocess.Popen([sys.executable, "-m", "graphfed.cli", "run-pack", str(pack_file)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with _RUNNING_LOCK:
@@ -231,15 +251,8 @@ def _run_pack_in_subprocess(job: PackJob) -> list[RunResult]:
         with _RUNNING_LOCK:
             _RUNNING.discard(process)
         pack_file.unlink(missing_ok=True)
-    results = []
-    for _, directory, _ in job:
-        try:
-            results.append(runs.read_result(directory))
-        except (OSError, UntrustedInputError):
-            last_lines = (stderr or stdout).strip().splitlines()[-3:]
-            results.append(RunResult(status=f"failed (exit {process.returncode}): "
-                                            f"{' / '.join(last_lines) or 'no output'}"))
-    return results
+    return [_written_result(directory, identity, process.returncode, stderr or stdout)
+            for (_, directory, _), identity in zip(job, before, strict=True)]
 
 
 def _run_pack(job: PackJob, in_process: bool) -> list[RunResult]:
