@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections import Counter
 from pathlib import Path
 
 import dp_accounting
@@ -29,8 +31,10 @@ from graphfed.client.privacy import (
     noised_mean,
     privatize_uploads,
 )
-from graphfed.config import PrivacyConfig
+from graphfed.config import PrivacyConfig, dump_config
 from graphfed.flower.app import run_on_grid
+from graphfed.runs import RoundLog
+from graphfed.sim import checkpoint
 from graphfed.sim.engine import Simulator, run_config
 from test_flower import flower_config, grid_for
 
@@ -327,27 +331,47 @@ def test_a_run_stopped_between_evaluations_accounts_every_round_it_released(make
     assert record["epsilon"] == library_epsilon(1.0, 7, 4 / (result.training_clients or 0), record["delta"])
 
 
-def test_an_interrupted_and_resumed_run_counts_the_rounds_it_released_twice(make_config: ConfigFactory,
-                                                                          tmp_path: Path) -> None:
-    """Checkpoint at round 5, interrupted after round 8, resumed: rounds 6-8 were released by the first process and
-    again by the second, so epsilon composes 8 + 7 = 15 releases (the ledger travels beside the checkpoint)."""
-    config = private(make_config, "central", "privacy.noise_multiplier=1.0", "train.rounds=12")
+@pytest.mark.parametrize("mechanism", ["central", "local"])
+def test_an_interrupted_and_resumed_run_never_releases_a_round_twice(make_config: ConfigFactory, tmp_path: Path,
+                                                                    mechanism: str) -> None:
+    """A private run checkpoints every round; interrupted in round 10's evaluation (after its release, before its
+    checkpoint) and resumed: round 10 is not run again (its release counts, its effect is lost with the process),
+    so 12 rounds released 12 times, the ledger says so, and its evaluations restart after the checkpoint."""
+    config = private(make_config, mechanism, "privacy.noise_multiplier=1.0", "train.rounds=12",
+                     "train.checkpoint_every=5")
     out = tmp_path / "run"
-    real = Simulator.round_steps
+    real = Simulator.evaluation_steps
 
     def interrupting(self: Simulator, round_index: int):  # type: ignore[no-untyped-def]
-        if round_index == 8:
+        if round_index == 9:
             raise KeyboardInterrupt
         return (yield from real(self, round_index))
 
     with pytest.MonkeyPatch.context() as patch, pytest.raises(KeyboardInterrupt):
-        patch.setattr(Simulator, "round_steps", interrupting)
+        patch.setattr(Simulator, "evaluation_steps", interrupting)
         Simulator(config, out, progress=False).run()
-    assert json.loads((out / "privacy.json").read_text())["central_releases"] == 8
-    result = Simulator(config, out, progress=False).run(resume=True)
+    assert json.loads((out / "privacy.json").read_text())["rounds"] == 10
+    assert checkpoint.load_checkpoint(out)["completed_rounds"] == 9  # every round, not every 5
+    trained = []
+    with pytest.MonkeyPatch.context() as patch:
+        round_steps = Simulator.round_steps
+
+        def counting(self: Simulator, round_index: int):  # type: ignore[no-untyped-def]
+            trained.append(round_index + 1)
+            return (yield from round_steps(self, round_index))
+
+        patch.setattr(Simulator, "round_steps", counting)
+        result = Simulator(config, out, progress=False).run(resume=True)
+    assert result.status == "completed" and trained == [11, 12]
+    ledger = json.loads((out / "privacy.json").read_text())
     record = result.privacy or {}
-    assert result.status == "completed" and record["rounds_released"] == 15
-    assert record["epsilon"] == library_epsilon(1.0, 15, 4 / (result.training_clients or 0), record["delta"])
+    if mechanism == "central":
+        assert record["rounds_released"] == ledger["central_releases"] == 12
+        assert record["epsilon"] == library_epsilon(1.0, 12, 4 / (result.training_clients or 0), record["delta"])
+    else:  # each client's uploads: the rounds it was sampled in, once each
+        sampled = Counter(i for r in range(12) for i in Simulator(config, progress=False).sample_clients(r).tolist())
+        assert {int(i): n for i, n in ledger["uploads"].items()} == dict(sampled)
+    assert [record["round"] for record in RoundLog(out).read()] == [5, 12]
 
 
 def test_a_private_run_reports_its_last_round_unless_validation_selection_is_asked(make_config: ConfigFactory) -> None:
@@ -781,13 +805,15 @@ def test_under_a_local_target_no_client_spends_more_novel_clients_included(make_
                                         "(train.novel_adapt_rounds))")
 
 
-def test_an_interrupt_during_novel_adaptation_still_counts_its_uploads_after_the_resume(
+def test_an_interrupt_during_novel_adaptation_resumes_after_its_last_release_within_the_target(
         make_config: ConfigFactory, tmp_path: Path) -> None:
-    """Each novel-client upload is in privacy.json before the next is made: interrupted at the third adaptation
-    step and resumed (adaptation runs again from its start), every novel client has spent 3 + 5 uploads."""
+    """Local DP at target 4, novel clients adapting for 5 steps: interrupted in the third step (its uploads made,
+    its effect not yet applied) and resumed, the adaptation continues after step 3 from the checkpoint of step 2
+    and never repeats an upload: every novel client made 5 uploads, each client's epsilon by dp-accounting from
+    privacy.json is within 4, and the summary records the target with no client above it."""
     from graphfed.methods.base import EmbeddingHypernetwork
 
-    config = private(make_config, "local", "privacy.noise_multiplier=2.0", "train.rounds=2", "train.eval_every=2",
+    config = private(make_config, "local", "privacy.target_epsilon=4", "train.rounds=2", "train.eval_every=2",
                      "train.novel_adapt_rounds=5", "dataset.novel_fraction=0.25", method="pfedhn")
     out = tmp_path / "run"
     adapt, calls = EmbeddingHypernetwork.adapt_novel, []
@@ -801,15 +827,55 @@ def test_an_interrupt_during_novel_adaptation_still_counts_its_uploads_after_the
     with pytest.MonkeyPatch.context() as patch, pytest.raises(KeyboardInterrupt):
         patch.setattr(EmbeddingHypernetwork, "adapt_novel", interrupting)
         Simulator(config, out, progress=False).run()
+    assert checkpoint.load_checkpoint(out)["novel_adaptation"]["steps"] == 2
     simulator = Simulator(config, out, progress=False)
     novel = simulator.setup.federation.novel_client_ids.tolist()
     assert novel and all(json.loads((out / "privacy.json").read_text())["uploads"][str(i)] == 3 for i in novel)
-    result = simulator.run(resume=True)
+    adapted = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(EmbeddingHypernetwork, "adapt_novel",
+                      lambda self, *args: (adapted.append(1), adapt(self, *args))[1])
+        result = simulator.run(resume=True)
     record = result.privacy or {}
-    uploads = json.loads((out / "privacy.json").read_text())["uploads"]
-    assert result.completed and all(uploads[str(i)] == 8 for i in novel)
-    names = simulator.setup.federation.client_names
-    assert all(record["per_client_epsilon"][names[i]] == library_epsilon(2.0, 8, None, record["delta"]) for i in novel)
+    uploads = {int(i): n for i, n in json.loads((out / "privacy.json").read_text())["uploads"].items()}
+    assert result.completed and len(adapted) == 2 and all(uploads[i] == 5 for i in novel)
+    assert result.novel_adapted_mean is not None
+    spent = [library_epsilon(record["noise_multiplier"], count, None, record["delta"]) for count in uploads.values()]
+    assert max(spent) <= 4 * (1 + 1e-9)
+    assert record["target_epsilon"] == 4 and record["above_target"] == {}
+    assert not any("budget exceeded" in flag for flag in result.flags)
+
+
+def test_a_run_above_its_target_says_so_and_exits_6(make_config: ConfigFactory, tmp_path: Path) -> None:
+    """A ledger that counts more releases than the noise was sized for (an older graphfed's resume released rounds
+    twice): the resumed run completes, its summary names the excess (privacy.above_target, a flag), the command ends
+    with one closing line and exit 6, and graphfed status says the same."""
+    config = private(make_config, "central", "privacy.target_epsilon=2", "train.rounds=6", "train.eval_every=3")
+    out = tmp_path / "run"
+    real = Simulator.round_steps
+
+    def interrupting(self: Simulator, round_index: int):  # type: ignore[no-untyped-def]
+        if round_index == 4:
+            raise KeyboardInterrupt
+        return (yield from real(self, round_index))
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(Simulator, "round_steps", interrupting)
+        Simulator(config, out, progress=False).run()
+    ledger = json.loads((out / "privacy.json").read_text())
+    (out / "privacy.json").write_text(json.dumps({**ledger, "central_releases": ledger["central_releases"] + 8}))
+    (tmp_path / "config.yaml").write_text(dump_config(config))
+    resumed = CliRunner().invoke(cli.app, ["run", str(tmp_path / "config.yaml"), "--out", str(out), "--resume",
+                                           "--no-progress"])
+    assert resumed.exit_code == 6, resumed.output
+    assert "privacy budget exceeded" in resumed.output.strip().splitlines()[-1]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["privacy"]["rounds_released"] == 14
+    assert list(summary["privacy"]["above_target"]) == ["every client"]
+    assert summary["privacy"]["above_target"]["every client"] > 2
+    assert any(flag.startswith("privacy budget exceeded") for flag in summary["flags"])
+    status = CliRunner().invoke(cli.app, ["status", str(out)])
+    assert status.exit_code == 6 and "above its privacy target" in status.output
 
 
 def test_a_central_release_clips_every_update_of_the_cohort(make_config: ConfigFactory) -> None:
@@ -905,3 +971,86 @@ def test_a_non_finite_stop_under_central_dp_names_the_round_and_the_levers_never
         assert "round 2: non-finite (NaN/Inf) update from a client of the round's secret cohort" in told
         assert "more clients per round" in told and "adaptive clipping" in told
         assert not any(f"client(s) {name}" in told or f"from client {name}" in told for name in names)
+
+
+# ---- the pre-flight: public quantities in what is shared, the measurement where nobody reads it ------------------
+def test_the_noise_check_measures_updates_against_the_smaller_of_their_median_and_the_clip() -> None:
+    """Clipped updates are at most the clip, so the signal the noise is weighed against is min(median norm, clip):
+    updates far below the clip make a noise that clipped-size updates would outweigh too large."""
+    from graphfed.client.privacy import noise_warning
+
+    plan = PrivacyPlan("central", clip_norm=1.0, noise_multiplier=1.0, delta=1e-5, accountant="pld", rounds=50,
+                       sampling_rate=0.5)
+    args = (plan, 100, 20, 50, 10.0)  # dim, cohort, rounds, weights far larger than the noise's drift
+    assert noise_warning(*args) is None  # updates at the clip outweigh the noise
+    small = noise_warning(*args, typical_norm=0.01)
+    assert small is not None and "more than updates of norm 0.01" in small
+    assert noise_warning(*args, typical_norm=100.0) is None  # larger than the clip: the clip bounds them
+
+
+def test_the_noise_levers_leave_out_more_clients_per_round_when_every_client_takes_part() -> None:
+    from graphfed.client.privacy import noise_levers, noise_warning
+
+    assert noise_levers(all_take_part=False).startswith("more clients per round")
+    assert "more clients per round" not in noise_levers(all_take_part=True)
+    plan = PrivacyPlan("local", clip_norm=1.0, noise_multiplier=50.0, delta=1e-5, accountant="pld", rounds=10,
+                       sampling_rate=None)
+    warned = noise_warning(plan, 1000, 4, 10, 0.01, all_take_part=True)
+    assert warned is not None and warned.startswith("the noise may be too large for the model to learn")
+    assert "more clients per round" not in warned and "if the model does not beat its trivial predictor" in warned
+
+
+def test_no_shareable_file_of_a_central_run_holds_a_statistic_of_the_raw_updates(
+        make_config: ConfigFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The audit's repro: spy the first cohort's median update norm the trusted server measures; neither the log
+    nor any file the docs call shareable holds it in any printed form, private_diagnostics.json does (for the
+    researcher), and the summary lists that file outside the guarantee."""
+    from graphfed.sim.stages import NoiseCheck
+
+    config = private(make_config, "central", "privacy.noise_multiplier=0.06", "privacy.clip_norm=5.0",
+                     "train.rounds=4", "train.eval_every=2")
+    measure, spied = NoiseCheck.measure, []
+
+    def spying(self: NoiseCheck, delta: torch.Tensor):  # type: ignore[no-untyped-def]
+        measured = measure(self, delta)
+        if measured is not None:
+            spied.append(float(measured["median_update_norm"]))
+        return measured
+
+    out = tmp_path / "run"
+    with pytest.MonkeyPatch.context() as patch, caplog.at_level("INFO", logger="graphfed"):
+        patch.setattr(NoiseCheck, "measure", spying)
+        result = Simulator(config, out, progress=False).run()
+    (median,) = spied
+    # as any output would print it (3 significant digits and more), as a whole number: not inside a longer one
+    forms = [re.compile(rf"(?<![\d.]){re.escape(text)}(?!\d)")
+             for text in {f"{median:{spec}}" for spec in (".3g", ".4g", ".6g", "g")} | {repr(median)}]
+    shareable = ["config.yaml", "summary.json", "rounds.jsonl", "metrics.csv", "privacy.json", "status.json"]
+    texts = {name: (out / name).read_text() for name in shareable if (out / name).exists()} | {"log": caplog.text}
+    assert set(texts) >= {"summary.json", "rounds.jsonl", "privacy.json", "log"}
+    for name, text in texts.items():
+        assert not any(form.search(text) for form in forms), f"{name} holds the median update norm {median}"
+    diagnostics = json.loads((out / "private_diagnostics.json").read_text())["noise_check"]
+    assert diagnostics["median_update_norm"] == median and diagnostics["round"] >= 1
+    # the noise outweighs what updates of the median norm add up to, though not what clip-sized ones would
+    assert median < 5.0 and diagnostics["warning"] is not None and f"norm {median:.3g} (" in diagnostics["warning"]
+    assert any(item.startswith("private_diagnostics.json") for item in result.privacy["outside_the_guarantee"])
+    assert result.privacy["noise_check"]["warning"] is None or "median" not in result.privacy["noise_check"]["warning"]
+
+
+@pytest.mark.parametrize(("seed", "learned"), [(0, True), (2, False)])
+def test_the_pre_flight_warning_is_logged_once_and_flagged_only_where_the_model_did_not_learn(
+        make_config: ConfigFactory, caplog: pytest.LogCaptureFixture, seed: int, learned: bool) -> None:
+    """Strong local noise drawn from the seed: the pre-flight's one line, once in the log; the run's flags point to it
+    only when its trained clients then do not beat their trivial predictors (seed 2's), never beside a model that
+    learned (seed 0's beats them)."""
+    noisy = private(make_config, "local", "privacy.noise_multiplier=50", "privacy.reproducible_noise=true",
+                    "train.rounds=4", "train.eval_every=2", f"seed={seed}")
+    with caplog.at_level("INFO", logger="graphfed"):
+        result = Simulator(noisy, progress=False).run()
+    assert caplog.text.count("the noise may be too large for the model to learn") == 1
+    assert result.test_mean is not None and result.trivial_test_mean is not None
+    assert (result.test_mean > result.trivial_test_mean) is learned
+    pointer = [flag for flag in result.flags if "as the privacy pre-flight warned" in flag]
+    assert len(pointer) == (0 if learned else 1)
+    assert result.privacy["noise_check"]["warning"].startswith("the noise may be too large")

@@ -51,7 +51,7 @@ def test_inspect_flags_features_of_very_different_scales(hospitals: Path) -> Non
     text = " ".join(result.output.split())
     assert result.exit_code == 0, result.output
     assert "the features' scales differ by" in text and "cholesterol: std" in text and "marker: std" in text
-    assert "dataset.standardize: client" in text
+    assert "dataset.standardize: pooled, or client under DP" in text
     standardized = invoke("inspect", "--config", "demo", "--set", "dataset.name=folder", "--set",
                           f"dataset.data_dir={hospitals}", "--set", "dataset.standardize=client")
     assert standardized.exit_code == 0 and "scales differ" not in standardized.output
@@ -111,6 +111,30 @@ def test_each_client_is_scaled_by_its_own_training_rows_and_predict_scales_the_s
     assert [float(row["p1"]) for row in got] == pytest.approx(expected[:, 1].tolist(), rel=1e-4)
 
 
+def test_pooled_standardisation_reads_the_training_clients_rows_only(hospitals: Path) -> None:
+    """``pooled``: one mean and spread for everyone, from the training clients' training rows; a novel client's rows
+    never enter them (it is held out of training), though it is scaled by them too."""
+    import torch
+
+    from graphfed.data import build_federation
+
+    config = load_config(None, ["dataset.name=folder", f"dataset.data_dir={hospitals}",
+                                "dataset.novel_clients=[hospital3]", "dataset.standardize=pooled"])
+    fed = build_federation(config.dataset, config.seed)
+    raw = build_federation(config.dataset.model_copy(update={"standardize": "none"}), config.seed)
+    assert fed.input_scaling is not None and fed.client_names[3] == "hospital3" and bool(fed.novel_mask[3])
+    training = torch.cat([raw.train.client(i)[0] for i in range(3)]).double()
+    everyone = torch.cat([raw.train.client(i)[0] for i in range(4)]).double()
+    assert (training.mean(0) - everyone.mean(0)).abs().max() > 1e-3  # the novel client's rows would show
+    for i in range(4):
+        torch.testing.assert_close(fed.input_scaling.mean[i], training.mean(0), rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(fed.input_scaling.spread[i], training.std(0, unbiased=False), rtol=1e-9,
+                                   atol=1e-9)
+    scaled = fed.test.client(3)[0].double()
+    torch.testing.assert_close(scaled, ((raw.test.client(3)[0].double() - training.mean(0))
+                                        / training.std(0, unbiased=False)), rtol=1e-5, atol=1e-5)
+
+
 def test_pooled_standardisation_is_refused_under_privacy(hospitals: Path) -> None:
     result = invoke("run", "demo", "--set", "dataset.name=folder", "--set", f"dataset.data_dir={hospitals}",
                     "--set", "dataset.standardize=pooled", "--set", "privacy.mechanism=local", "--set",
@@ -146,9 +170,19 @@ def test_regression_outputs_are_in_the_declared_units(stations: Path, tmp_path: 
                for name in stored.per_client)
     show = " ".join(invoke("show", tmp_path / "run").output.split())
     assert f"test mse {plain(shown.test_mean)} (ug/m3)²" in show
-    compared = invoke("compare", "demo", *base, "--methods", "fedavg", "--seeds", 2, "--out", tmp_path / "cmp")
+    compared = invoke("compare", "demo", *base, "--methods", "fedavg", "--seeds", 2, "--set", "train.metrics=[mae]",
+                      "--per-client", "--out", tmp_path / "cmp")
     assert compared.exit_code == 0 and "(ug/m3)²" in compared.output
-    assert "in (ug/m3)², the units the federation declares" in (tmp_path / "cmp" / "compare.md").read_text()
+    markdown = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "in (ug/m3)², the units the federation declares" in markdown
+    # the chosen MAE and every per-client number in the declared units too, under headers that say so
+    assert "test mae (ug/m3)" in markdown and "| client | test MSE ↓ (ug/m3)² |" in markdown
+    seeds = [read_result(tmp_path / "cmp" / "fedavg" / f"seed{seed}") for seed in (0, 1)]
+    by_client = {row["client"]: row for row in csv.DictReader((tmp_path / "cmp" / "per_client.csv").open())}
+    stored = sum(run.per_client["station0"]["test"] for run in seeds) / 2
+    assert float(by_client["station0"]["test_mean"]) == pytest.approx(stored * 1e4, rel=1e-9)
+    stored_mae = sum(run.per_client["station0"]["test_mae"] for run in seeds) / 2
+    assert float(by_client["station0"]["mae_mean"]) == pytest.approx(stored_mae * 100, rel=1e-9)
     (tmp_path / "rows.csv").write_text("x0,x1\n1.0,0.0\n")
     assert invoke("predict", tmp_path / "run", "--client", "station0", "--input", tmp_path / "rows.csv",
                   "--out", tmp_path / "p.csv").exit_code == 0

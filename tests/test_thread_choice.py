@@ -76,6 +76,22 @@ def test_side_by_side_is_chosen_when_it_measures_faster_and_the_choice_is_cached
     assert torch.get_num_threads() == 2
 
 
+def test_a_round_of_another_shape_is_measured_anew_not_given_the_first_shapes_choice(
+        two_threads: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The choice depends on how a round splits between training and scoring: a config whose rounds are mostly
+    scoring is measured on its own, never handed the cached choice of a training-heavy config on the same network;
+    each shape's choice is then cached under its own key."""
+    calls: list[tuple[int, ...]] = []
+    monkeypatch.setattr(thread_choice, "_measure", planted_timings(None, calls, scoring=0.05))
+    model, spec, rule = network()
+    training_heavy = thread_choice.choose_torch_threads(model, spec, rule, SHAPE, 4, ROUND)
+    scoring_heavy = thread_choice.choose_torch_threads(model, spec, rule, SHAPE, 4,
+                                                       thread_choice.RoundShape(client_steps=4, scored_rows=9000))
+    assert (training_heavy.source, scoring_heavy.source) == ("measured", "measured") and calls == [(2, 1), (2, 1)]
+    again = thread_choice.choose_torch_threads(model, spec, rule, SHAPE, 4, ROUND)
+    assert again.source == "cached" and len(calls) == 2
+
+
 def test_the_default_threads_are_kept_when_side_by_side_is_not_faster(two_threads: None,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(thread_choice, "_measure", planted_timings(2, []))

@@ -218,17 +218,23 @@ def test_temporary_files_of_interrupted_writes_are_cleaned(crashed: tuple[Path, 
     assert not any(path.exists() for path in stale)
 
 
-def test_sigterm_ends_a_run_like_ctrl_c(make_config: ConfigFactory, tmp_path: Path) -> None:
-    """SIGTERM: exit 130, the same one-line message as Ctrl-C, the last checkpoint kept and resumable."""
+@pytest.mark.parametrize(("mechanism", "signals"), [("none", ["SIGTERM"]), ("local", ["SIGINT", "SIGINT"]),
+                                                   ("central", ["SIGINT", "SIGINT"])])
+def test_a_signal_ends_every_mechanisms_run_as_an_interrupt(make_config: ConfigFactory, tmp_path: Path,
+                                                            mechanism: str, signals: list[str]) -> None:
+    """SIGTERM, or Ctrl-C twice in quick succession (the second while the first is being recorded): exit 130, the
+    same one-line message, the run's status ``interrupted`` (graphfed status says so), the checkpoint kept and
+    resumable, under every privacy mechanism."""
     import os
     import signal
     import subprocess
     import sys
     import time
 
+    private = [] if mechanism == "none" else [f"privacy.mechanism={mechanism}", "privacy.noise_multiplier=1.0"]
     config = tmp_path / "long.yaml"
     config.write_text(dump_config(make_config("fedavg", "train.rounds=100000", "train.checkpoint_every=5",
-                                              "train.eval_every=50")))
+                                              "train.eval_every=50", *private)))
     out = tmp_path / "run"
     executable = Path(sys.executable).parent / "graphfed"
     process = subprocess.Popen([str(executable), "run", str(config), "--out", str(out), "--no-progress"],
@@ -236,12 +242,16 @@ def test_sigterm_ends_a_run_like_ctrl_c(make_config: ConfigFactory, tmp_path: Pa
     deadline = time.monotonic() + 120
     while not (out / CHECKPOINT).exists() and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.2)
-    os.kill(process.pid, signal.SIGTERM)
+    for name in signals:
+        os.kill(process.pid, getattr(signal, name))
+        time.sleep(0.02)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
     assert "interrupted; the last checkpoint" in stderr.strip().splitlines()[-1]
     assert load_checkpoint(out)["completed_rounds"] >= 5
+    assert json.loads((out / "status.json").read_text())["state"] == "interrupted"
+    assert invoke("status", out).exit_code == 130
 
 
 def test_a_client_whose_metric_is_infinite_is_named_and_the_summary_stays_json(tmp_path: Path) -> None:

@@ -194,3 +194,99 @@ def test_a_private_run_that_diverges_plots_without_warnings(tmp_path: Path) -> N
     assert (tmp_path / "run" / "plots" / "curves.png").is_file() and result.rounds >= 1
     assert all(json.loads(line)["train_loss"] is None
                for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines())
+
+
+# ---- every mistake one line, every number in its units, every tie said ---------------------------------------
+@pytest.mark.parametrize(("args", "says"), [
+    (["compare", "demo", "--seeds", "0", "--out", "x"], "graphfed compare: Invalid value for '--seeds'"),
+    (["bench", "smoke", "--plan"], "graphfed bench: Missing option '--out'"),
+    (["run"], "graphfed run: Missing argument 'CONFIG'"),
+    (["runn", "demo"], "graphfed: No such command 'runn'")])
+def test_a_command_line_mistake_is_one_line_and_exit_2(args: list[str], says: str) -> None:
+    """What the command-line parser refuses is one line naming the command and what to read (no usage box)."""
+    line = one_error_line(invoke(*args))
+    assert line.startswith(f"error: {says}") and line.endswith("--help)")
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(folder: Path) -> None:
+    """``graphfed inspect FED | head -1``: the pipe closes after one line; the command exits 0 and says nothing."""
+    import subprocess
+    import sys
+
+    executable = Path(sys.executable).parent / "graphfed"
+    process = subprocess.Popen([str(executable), "inspect", str(folder)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    assert process.stdout is not None and process.stdout.readline()
+    process.stdout.close()
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0 and stderr.decode().strip() == ""
+
+
+def test_inspect_names_csv_columns_by_their_headers_and_says_why_floats_are_not_labels(tmp_path: Path) -> None:
+    """A CSV federation without meta.yaml: the features keep their header names; labels written as 0.0 / 1.0 are read
+    as regression targets, and inspect and the run's log say so, naming the file and what declares them labels."""
+    rows = "age,bp,chol,y\n" + "".join(f"{40 + i},{120 + i % 7},{200 + i % 11},{float(i % 2)}\n" for i in range(12))
+    for client in ("a", "b"):
+        for split in ("train", "val", "test"):
+            path = tmp_path / "fed" / "clients" / client / f"{split}.csv"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(rows)
+    shown = invoke("inspect", tmp_path / "fed")
+    text = " ".join(shown.stdout.split())
+    assert shown.exit_code == 0 and "│ age" in shown.stdout and "x0" not in text
+    assert "read as" not in text and "warning: regression: the targets are stored as floats (train.csv" in text
+    assert "take only the whole values 0, 1; if they are class labels, set task: classification in meta.yaml" in text
+    ran = invoke("run", "demo", *sets("dataset.name=folder", f"dataset.data_dir={tmp_path / 'fed'}",
+                                      "dataset.novel_fraction=0", "dataset.standardize=pooled", "method.name=fedavg",
+                                      *SMALL), "--out", tmp_path / "run", "--no-progress")
+    assert ran.exit_code == 0 and "set task: classification" in " ".join(ran.output.split())
+    (tmp_path / "fed" / "meta.yaml").write_text("task: classification\nclasses: [healthy, sick]\n")
+    declared = " ".join(invoke("inspect", tmp_path / "fed").stdout.split())
+    assert "classification: meta.yaml says so" in declared and "2 (healthy, sick)" in declared
+
+
+def test_meta_yaml_classes_are_checked_and_written_as_utf8(tmp_path: Path) -> None:
+    from graphfed.data.datasets.folder import read_federation_folder, write_federation
+
+    x = [[0.0], [1.0], [2.0]]
+    root = write_federation(tmp_path / "fed", {"a": {s: (x, [0, 1, 2]) for s in ("train", "val", "test")}},
+                            meta={"classes": ["cat", "dog"], "description": "Zürich, µg/m³"})
+    assert "Zürich, µg/m³" in (root / "meta.yaml").read_text(encoding="utf-8")  # not "\xFC" escapes
+    with pytest.raises(DataError, match=r"label 2, but meta.yaml names 2 classes \(labels 0..1\)"):
+        read_federation_folder(root)
+
+
+def test_a_row_that_ties_its_trivial_predictor_is_marked_and_closed_like_one_below() -> None:
+    """71.24 = 71.24 (Local on raw features scoring exactly each client's majority class): the row's score is marked
+    '(= trivial)' beside its standing, and a closing line says it does not beat it, whatever the standing."""
+    from graphfed.report.tables import row_cells, verdict_lines
+
+    row = {"method": "local", "metric": "accuracy", "seeds": 3, "stopped": 0, "test": (0.7124, 0.0),
+           "trivial": (0.7124, 0.0), "client_std": (0.1, 0.0), "pooled": (0.7, 0.0), "novel": None,
+           "novel_adapted": None, "chosen": {}, "wall_seconds": 1.0, "mb_up": 0.0}
+    cells = row_cells(row)
+    assert cells[1] == "71.24 ± 0.00 (= trivial)"
+    (line,) = verdict_lines([row])
+    assert line.startswith("local: its trained clients score exactly their trivial predictors (71.24 ± 0.00 against "
+                           "71.24 ± 0.00)") and "does not beat it" in line
+
+
+def test_the_closing_line_says_the_p_values_shown_are_holm_adjusted() -> None:
+    from graphfed.report.tables import add_standings, verdict_lines
+
+    rows = [{"method": name, "metric": "accuracy", "seeds": 3, "test": (sum(v) / 3, 0.01), "trivial": (0.1, 0.0),
+             "per_seed": {"test": v}} for name, v in (("a", [0.9, 0.91, 0.92]), ("b", [0.5, 0.52, 0.51]))]
+    add_standings(rows)
+    assert rows[1]["standing"].text().startswith("worse (p_Holm = ")
+    assert "p_Holm is the p-value Holm-adjusted across those comparisons" in verdict_lines(rows)[0]
+
+
+def test_a_stopped_rows_cost_is_what_its_runs_spent(tmp_path: Path) -> None:
+    """A row whose every seed stopped after a few rounds shows the seconds and bytes those rounds took, not 0."""
+    from graphfed.report.tables import compare_rows
+    from graphfed.runs import RunResult
+
+    stopped = RunResult(status="stopped: round 3: non-finite (NaN/Inf) update", method="scaffold", metric="accuracy",
+                        rounds=2, wall_seconds=12.5, bytes_up=4_000_000)
+    (row,) = compare_rows({"scaffold": [stopped, stopped]})
+    assert row["stopped"] == 2 and row["wall_seconds"] == 12.5 and row["mb_up"] == 4.0

@@ -156,7 +156,10 @@ def test_a_comparisons_standings_are_scipys_tests_with_holm_against_the_best(tes
     # Holm over the two comparisons: the smaller p against 5 % / 2, then the larger against 5 %
     assert p_behind <= 0.025 and ranked["behind"].relation == "worse" and ranked["behind"].seeds_needed is None
     assert p_other > 0.05 and ranked[other].relation == "undecided"
-    assert ranked[other].text().startswith(f"undecided (p = {p_other:.2g}")
+    # what is shown is Holm-adjusted: the larger p of two, times 1 (after the smaller's 2x, never below it)
+    adjusted = max(p_other, min(1.0, 2 * p_behind))
+    assert ranked[other].p_holm == pytest.approx(adjusted) and ranked["behind"].p_holm == pytest.approx(2 * p_behind)
+    assert ranked[other].text().startswith(f"undecided (p_Holm = {adjusted:.2g}")
 
 
 def test_holm_keeps_a_difference_significant_alone_undecided_among_several() -> None:
@@ -170,7 +173,34 @@ def test_holm_keeps_a_difference_significant_alone_undecided_among_several() -> 
     p = alone["close"].p_value
     assert p is not None and 0.025 < p < 0.05 and pair["tied"].relation == "undecided"
     assert alone["close"].relation == "worse" and pair["close"].relation == "undecided"
-    assert pair["close"].seeds_needed is not None and pair["close"].seeds_needed > 4
+    # planned at 5 % over the two comparisons, as Holm's first step asks: 8 seeds here, where 5 % alone says 7
+    assert pair["close"].seeds_needed == seeds_needed(best, close, 0.05 / 2) == 8
+    assert seeds_needed(best, close, 0.05) == 7
+
+
+def test_holm_adjusted_p_values_decide_exactly_as_holms_rejections() -> None:
+    """Each shown p_Holm is at most 5 % exactly where Holm's step-down procedure rejects (ties and caps included)."""
+    from graphfed.report.verdicts import holm_adjusted
+
+    for p_values in ([0.01, 0.04, 0.03], [0.02, 0.02, 0.5], [0.001, 0.2, 0.012, 0.0125], [0.9, 0.6], [0.026, 0.03]):
+        adjusted = holm_adjusted(p_values)
+        assert [value <= 0.05 for value in adjusted] == holm_rejections(p_values)
+        assert all(1.0 >= a >= p for a, p in zip(adjusted, p_values, strict=True))
+    assert holm_adjusted([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+
+
+def test_identical_seeds_on_both_sides_are_called_degenerate_not_p_zero() -> None:
+    """Two methods whose every seed gives one same score (a deterministic method on a folder no seed re-splits): the
+    test has no spread, so no p-value is printed; the means decide, and no seed count is planned."""
+    from graphfed.report.verdicts import standings
+
+    ranked = {s.method: s for s in standings({"fedavg": [0.853] * 3, "local": [0.7124] * 3,
+                                               "ditto": [0.80, 0.84, 0.82]}, True)}
+    assert ranked["local"].degenerate and ranked["local"].relation == "worse" and ranked["local"].seeds_needed is None
+    assert "degenerate" in ranked["local"].text() and "p_Holm" not in ranked["local"].text()
+    assert not ranked["ditto"].degenerate and "p_Holm" in ranked["ditto"].text()
+    same = {s.method: s for s in standings({"a": [0.5, 0.5], "b": [0.5, 0.5]}, True)}
+    assert same["b"].degenerate and same["b"].relation == "undecided" and "are equal" in same["b"].text()
 
 
 def test_each_section_states_its_budget_as_training_rows_against_each_papers() -> None:

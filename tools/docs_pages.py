@@ -137,11 +137,12 @@ def method_pages(catalogue: dict[str, Any]) -> dict[str, str]:
     pages = {}
     index = ["# Methods", "", "Every registered method, as `graphfed describe METHOD` prints it. Pick one with "
              "`method.name`; set its options with `method.options.NAME`.", "",
-             "| method | what it does |", "|---|---|"]
+             "| method | what it does | server weighting |", "|---|---|---|"]
     for name, entry in methods.items():
-        index.append(f"| [`{name}`]({name}.md) | {cell(entry['summary'])} |")
+        index.append(f"| [`{name}`]({name}.md) | {cell(entry['summary'])} | {cell(entry['server_weighting'])} |")
         page = [f"# `{name}`", "", entry["summary"], "", "## Algorithm", "", "```text", entry["doc"].rstrip(), "```",
-                "", "## Options", ""]
+                "", "## Server weighting", "", f"How the server weighs the clients it combines: "
+                f"{entry['server_weighting']}.", "", "## Options", ""]
         if entry["options"]:
             page += ["| option | default | meaning |", "|---|---|---|"]
             page += [f"| `{option}` | {code(default)} | {cell(meaning)} |" for option, default, meaning in

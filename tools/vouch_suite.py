@@ -74,9 +74,18 @@ PRIVATE = {
 }
 
 
+#: the sentences of a private run's ``privacy`` record (what the noise check says, what lies outside the guarantee,
+#: what the noise was sized for): written from the numbers compared beside them, like ``flags``
+PRIVACY_SENTENCES = {"noise_check", "outside_the_guarantee", "calibrated_for", "sized_for", "noise",
+                     "neighbours_meaning", "delta_source", "sampling"}
+
+
 def summary(result: object) -> dict[str, object]:
     data = result.model_dump(mode="json") if hasattr(result, "model_dump") else dict(result)  # type: ignore[attr-defined]
-    return {key: value for key, value in data.items() if key not in EXECUTION}
+    kept = {key: value for key, value in data.items() if key not in EXECUTION}
+    if isinstance(kept.get("privacy"), dict):
+        kept["privacy"] = {key: value for key, value in kept["privacy"].items() if key not in PRIVACY_SENTENCES}
+    return kept
 
 
 def suite_configs(no_privacy: bool) -> dict[str, object]:

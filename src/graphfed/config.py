@@ -102,9 +102,11 @@ class DatasetConfig(_Strict):
     graph_threshold: float = Field(default=0.1, ge=0.0, le=1.0, description="weighted client graphs (metr-la-week):"
                                    " drop edges whose kernel weight is below this (DCRNN's normalized_k)")
     standardize: Literal["none", "client", "pooled"] = Field(
-        default="none", description="scale each input feature to mean 0 and std 1: client (each client by its own "
-        "training rows; nothing leaves it, so it holds under DP) or pooled (by every training client's rows together; "
-        "refused under DP); for raw features of very different scales (graphfed inspect flags them)")
+        default="none", description="scale each input feature to mean 0 and std 1, for raw features of very "
+        "different scales (graphfed inspect flags them): pooled (by every training client's rows together: the "
+        "better choice for a shared model, which then still sees how clients differ; refused under DP) or client "
+        "(each client by its own training rows: nothing leaves it, so it holds under DP, but a column constant within "
+        "a client becomes 0 and what differs between clients is scaled away)")
 
     _novel_names = field_validator("novel_clients", mode="before")(_names_as_text)
 

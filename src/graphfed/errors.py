@@ -17,6 +17,8 @@ from typing import ClassVar
 EXIT_INPUT = 2
 EXIT_STOPPED = 3
 EXIT_IN_USE = 4
+#: a private run finished with a client's epsilon above its ``privacy.target_epsilon`` (its outputs say whose)
+EXIT_OVER_BUDGET = 6
 
 
 class GraphfedError(Exception):
@@ -72,6 +74,6 @@ class RunInUseError(GraphfedError):
     exit_code = EXIT_IN_USE
 
 
-__all__ = ["EXIT_INPUT", "EXIT_IN_USE", "EXIT_STOPPED", "CheckpointError", "ConfigError", "DataError",
-           "DataMissingError", "GraphfedError", "InvalidUpdateError", "NonFiniteUpdateError", "RunInUseError",
-           "RunStoppedError", "SolverError", "UntrustedInputError"]
+__all__ = ["EXIT_INPUT", "EXIT_IN_USE", "EXIT_OVER_BUDGET", "EXIT_STOPPED", "CheckpointError", "ConfigError",
+           "DataError", "DataMissingError", "GraphfedError", "InvalidUpdateError", "NonFiniteUpdateError",
+           "RunInUseError", "RunStoppedError", "SolverError", "UntrustedInputError"]

@@ -32,6 +32,9 @@ CONFIG = "config.yaml"
 CHECKPOINT = "checkpoint.pt"  #: the simulator's (``sim/checkpoint.py`` writes it)
 METRICS_CSV = "metrics.csv"  #: the csv tracker's (``sim/tracking.py``)
 PRIVACY_LEDGER = "privacy.json"  #: a private run's releases (``client/privacy.py``)
+#: what a private run measured from raw updates for the researcher alone (central DP's noise check): outside the
+#: guarantee, never shared (``privacy.outside_the_guarantee`` says so)
+PRIVATE_DIAGNOSTICS = "private_diagnostics.json"
 STATUS = "status.json"  #: the run's fate as its writer last said it (:func:`run_writer`, ``graphfed status``)
 WRITER_LOCK = ".writer.lock"  #: held by the one process writing the run (never removed: a lock file outlives it)
 
@@ -113,8 +116,9 @@ def save_models(out_dir: Path, weights: torch.Tensor, client_names: list[str], s
                 model: dict[str, Any]) -> Path:
     """``models/best.pt``: every client's personalised weights ``[N, dim]`` (flat, in the model's parameter order)
     as the run scored them at ``selected_round``, with what rebuilds the network (``model``: name, options, input
-    shape, output size, task, parameter names and shapes). Plain tensors, strings and numbers only, so it loads
-    with ``torch.load(weights_only=True)``."""
+    shape, output size, task, parameter names and shapes) and what deploys it (``model["inputs"]``: the feature
+    scaling, ``[N, F]`` per client, and names; ``model["outputs"]``: classes, target units). Plain tensors,
+    strings and numbers only, so it loads with ``torch.load(weights_only=True)``."""
     buffer = io.BytesIO()
     torch.save({"weights": weights.detach().to("cpu", torch.float32).contiguous(), "client_names": list(client_names),
                 "round": int(selected_round), "model": model}, buffer)
@@ -148,6 +152,12 @@ def load_models(run_dir: Path) -> tuple[torch.Tensor, list[str], int, dict[str, 
         raise UntrustedInputError(f"{path}: the parameter shapes do not add up to the {weights.shape[1]} weights")
     if not torch.isfinite(weights).all():
         raise UntrustedInputError(f"{path}: non-finite weights")
+    inputs = model.get("inputs")
+    if isinstance(inputs, dict) and any(key in inputs for key in ("mean", "spread")):
+        width = math.prod(int(d) for d in model.get("input_shape", []))
+        if not all(isinstance(inputs.get(key), torch.Tensor) and tuple(inputs[key].shape) == (len(names), width)
+                   for key in ("mean", "spread")):
+            raise UntrustedInputError(f"{path}: its feature scaling is not one row of {width} values per client")
     return weights, names, selected, model
 
 
@@ -213,7 +223,7 @@ def load_graph_clients(run_dir: Path) -> tuple[list[str], np.ndarray] | None:
 
 
 #: what a run writes into its folder: :func:`clear_run` removes these and nothing else the folder holds
-RUN_FILES = (CONFIG, ROUNDS_LOG, SUMMARY, CHECKPOINT, METRICS_CSV, PRIVACY_LEDGER, STATUS)
+RUN_FILES = (CONFIG, ROUNDS_LOG, SUMMARY, CHECKPOINT, METRICS_CSV, PRIVACY_LEDGER, PRIVATE_DIAGNOSTICS, STATUS)
 RUN_FOLDERS = (MODELS_DIR, GRAPHS_DIR, "plots")
 
 
@@ -259,8 +269,11 @@ def read_status(out_dir: Path) -> dict[str, Any] | None:
 def write_status(out_dir: Path, state: str, **fields: Any) -> None:
     """``state``: running, completed, stopped, failed or interrupted; with what a supervisor needs beside it."""
     previous = read_status(out_dir) or {}
+    starting = state == "running"
+    # the folder the run was started in: a relative data_dir in its config.yaml is relative to it
     status = {"state": state, "pid": os.getpid(), "host": socket.gethostname(),
-              "started": previous.get("started") if state != "running" else _now(), "updated": _now(), **fields}
+              "started": _now() if starting else previous.get("started"),
+              "started_in": os.getcwd() if starting else previous.get("started_in"), "updated": _now(), **fields}
     atomic_write_text(out_dir / STATUS, json.dumps(status, indent=1) + "\n")
 
 
@@ -348,7 +361,8 @@ def run_writer(out_dir: Path) -> Iterator[RunClaim]:
 def run_fate(out_dir: Path) -> tuple[str, str]:
     """(state, one line) of the run in ``out_dir``, for a supervisor: ``running`` (a process holds its writer lock),
     ``completed``, ``stopped`` (with its reason; a writer that vanished without a word counts here: its checkpoint
-    resumes it), ``failed`` (an internal error), ``interrupted``, or ``none`` (no run there)."""
+    resumes it), ``failed`` (an internal error), ``interrupted``, ``over_budget`` (completed with a client's epsilon
+    above ``privacy.target_epsilon``), or ``none`` (no run there)."""
     holder = writer_holding(out_dir)
     if holder is not None:
         last = RoundLog(out_dir).read()[-1:] if (out_dir / ROUNDS_LOG).exists() else []
@@ -372,8 +386,12 @@ def run_fate(out_dir: Path) -> tuple[str, str]:
         headline = "—" if result.test_mean is None else f"{scale * result.test_mean:.4g}{unit}"
         clients = (f", scored on {result.scored_clients} of {result.training_clients} training clients"
                    if result.scored_clients is not None else "")
-        return "completed", (f"completed: test {result.metric} {headline} at round {result.best_round} of "
-                             f"{result.rounds}{clients}")
+        line = f"test {result.metric} {headline} at round {result.best_round} of {result.rounds}{clients}"
+        above = (result.privacy or {}).get("above_target")
+        if above:
+            return "over_budget", (f"completed above its privacy target: {len(above)} client(s) above ε "
+                                   f"{result.privacy['target_epsilon']:g} (privacy.above_target); {line}")
+        return "completed", f"completed: {line}"
     if (out_dir / CHECKPOINT).exists():
         return "stopped", "stopped: an unfinished run (a checkpoint, no summary); resume it"
     return "none", f"{out_dir}: no run here"

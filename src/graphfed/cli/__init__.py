@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from graphfed.cli import bench, compare, data, export, flower, info, privacy, run  # noqa: F401  (they register)
-from graphfed.cli.common import app
+from graphfed.cli.common import app, stop_writing_stdout
 from graphfed.config import load_config  # noqa: F401  (graphfed.cli.load_config, as before the package)
 
 #: the order ``graphfed --help`` lists the commands in: a run's life first, then the tools around it
@@ -19,7 +19,10 @@ app.registered_commands.sort(key=lambda command: ORDER.index(command.name or com
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except BrokenPipeError:  # the reader of standard output left while the framework wrote to it
+        stop_writing_stdout()
 
 
 def __getattr__(name: str) -> Any:

@@ -16,9 +16,10 @@ import typer
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
+from typer.core import TyperGroup
 
 from graphfed.config import RunConfig, load_config, printable
-from graphfed.errors import EXIT_INPUT, EXIT_STOPPED, GraphfedError
+from graphfed.errors import EXIT_INPUT, EXIT_OVER_BUDGET, EXIT_STOPPED, GraphfedError
 
 if TYPE_CHECKING:
     from graphfed.runs import RunResult
@@ -30,6 +31,39 @@ EXIT_INTERNAL = 1  # a bug: anything that is not a GraphfedError
 EXIT_INTERRUPTED = 130
 BUG_REPORT = ("this is a bug in graphfed (or in a plugin it runs), not in your input: please report it with the "
               "command and the output of the same command with --verbose (docs: Runs, errors and exit codes)")
+
+
+#: click's usage error (a bad option value, a missing option, an unknown command), found through typer's own class
+USAGE_ERROR: type[Exception] = next(cls for cls in typer.BadParameter.__mro__ if cls.__name__ == "UsageError")
+
+
+@contextmanager
+def usage_errors_in_one_line() -> Iterator[None]:
+    """A mistake in the command line is one line on standard error and exit 2, like every other mistake of a user
+    (typer would draw a usage box). A bare command that prints its help (click's NoArgsIsHelpError) is left alone."""
+    try:
+        yield
+    except USAGE_ERROR as err:
+        if type(err).__name__ == "NoArgsIsHelpError":
+            raise
+        context = getattr(err, "ctx", None)
+        # the command as the user typed it: "graphfed" whatever name the process or a test runner gave the program
+        where = " ".join(["graphfed", *(context.command_path.split(" ")[1:] if context is not None else [])])
+        message = " ".join(str(err.format_message()).split())  # type: ignore[attr-defined]
+        typer.echo(f"error: {printable(where)}: {printable(message)} (see {where} --help)", err=True)
+        raise typer.Exit(EXIT_CONFIG) from None
+
+
+class OneLineUsageErrors(TyperGroup):
+    """The command group whose parsing errors, its own and its commands', are one line (exit 2)."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        with usage_errors_in_one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        with usage_errors_in_one_line():
+            return super().invoke(ctx)
 
 
 class Commands(typer.Typer):
@@ -56,6 +90,9 @@ def _reporting_errors(function: Callable[..., Any]) -> Callable[..., Any]:
             return function(*args, **kwargs)
         except FRAMEWORK_EXITS:
             raise
+        except BrokenPipeError:  # the reader stopped reading (``graphfed inspect ... | head -1``): it has its answer
+            stop_writing_stdout()
+            raise typer.Exit(0) from None
         except GraphfedError as err:
             fail(str(err), err.exit_code)
         except Exception as err:
@@ -69,9 +106,29 @@ def _reporting_errors(function: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
-app = Commands(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+def stop_writing_stdout() -> None:
+    """Point standard output at the null device: what is still buffered for a reader that left (a closed pipe) is
+    dropped, instead of failing again when Python flushes it at exit."""
+    import sys
+
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, sys.stdout.fileno())
+    finally:
+        os.close(null)
+
+
+class CommandConsole(Console):
+    """rich's console, but a reader that leaves (a closed pipe) is not an error: rich itself exits 1 there."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError  # the command's error rule ends it with exit 0
+
+
+app = Commands(cls=OneLineUsageErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                 help="graphfed: graph-relational personalised federated learning.")
-console = Console()
+console = CommandConsole()
 
 
 def _print_version(asked: bool) -> None:
@@ -138,16 +195,28 @@ def load(config: Path | None, overrides: list[str] | None) -> RunConfig:
 
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a scheduler stopping the job, ``kill``) ends a run like Ctrl-C: checkpoint kept, one line."""
+    """SIGTERM (a scheduler stopping the job, ``kill``) ends a run like Ctrl-C: checkpoint kept, one line. The first
+    SIGINT or SIGTERM interrupts; any that follow, while the run records its fate (its status ``interrupted``, its
+    ledger) and the process exits 130, are ignored: a second Ctrl-C cannot cut that short and leave a run that
+    resumes as nothing, or a process killed by the signal instead of exiting 130."""
+    handled = (signal.SIGINT, signal.SIGTERM)
+    previous = {number: signal.getsignal(number) for number in handled}
+    signalled = []
 
     def interrupt(signum: int, frame: Any) -> None:
+        for number in handled:
+            signal.signal(number, signal.SIG_IGN)  # the process is ending: kept ignored until it has
+        signalled.append(signum)
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    for number in handled:
+        signal.signal(number, interrupt)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if not signalled:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
 
 
 def run_one(cfg: RunConfig, out: Path | None, resume: bool, progress: bool = True,
@@ -177,6 +246,18 @@ def run_many(configs: list[RunConfig], outs: list[Path | None], running: Callabl
             console.print(f"[yellow]stopped:[/yellow] {summary.method} seed {summary.seed}: {summary.status}; the "
                           f"comparison goes on")
     return summaries
+
+
+def fail_over_budget(summaries: list[RunResult]) -> None:
+    """The closing line and exit 6 of runs that completed with a client's epsilon above their target (after their
+    results were printed: what they trained is kept, and a reader must not take them as within their budget)."""
+    over = [summary for summary in summaries if (summary.privacy or {}).get("above_target")]
+    if not over:
+        return
+    worst = max(max(summary.privacy["above_target"].values()) for summary in over)  # type: ignore[index]
+    target = over[0].privacy["target_epsilon"]  # type: ignore[index]
+    fail(f"privacy budget exceeded: {len(over)} run(s) released more than privacy.target_epsilon {target:g} allows "
+         f"(up to ε {worst:.3g}); their summary.json names the clients (privacy.above_target)", EXIT_OVER_BUDGET)
 
 
 SetOption = Annotated[list[str] | None, typer.Option("--set", help="override a field: KEY=VALUE, e.g. "

@@ -26,6 +26,7 @@ from graphfed.cli.common import (
     claim_out,
     console,
     fail,
+    fail_over_budget,
     load,
     names,
     run_many,
@@ -201,7 +202,7 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
         csv_rows: list[list[Any]] = []
         for name, results in summaries.items():
             records = per_client_over_seeds(results)
-            client_columns, client_cells = per_client_cells(records, metric)
+            client_columns, client_cells = per_client_cells(records, metric, rows[0].get("units"))
             show(table(f"{name}: each client over {len(results)} seed(s) (trivial = majority class / mean target of "
                         f"its own training rows)", client_columns, client_cells))
             markdown += (f"\n## {name}: each client, mean ± std over {len(results)} seed(s)\n\n| "
@@ -218,6 +219,7 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
     plot_comparison(histories, out / "compare.png", metric, title=dataset)
     extra = ", per_client.csv" if per_client else ""
     console.print(f"table: {out / 'compare.md'} (and compare.csv, verdicts.json{extra}), curves: {out / 'compare.png'}")
+    fail_over_budget([run for results in summaries.values() for run in results])
     stopped = [f"{name} seed {run.seed}" for name, results in summaries.items() for run in results if not run.completed]
     if stopped:  # the other rows ran and are in the table; the exit code says the comparison is incomplete
         fail(f"{len(stopped)} run(s) stopped ({', '.join(stopped)}): the table covers the seeds that completed; "

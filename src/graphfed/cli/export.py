@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
-
-if TYPE_CHECKING:
-    pass
 
 from graphfed.cli.common import app, console
 
@@ -26,28 +23,39 @@ def export_command(run_dir: Annotated[Path, typer.Argument(help="a run directory
 @app.command("predict")
 def predict_command(run_dir: Annotated[Path, typer.Argument(help="a run directory (holds models/best.pt)")],
                     client: Annotated[str, typer.Option("--client", help="the client's name (graphfed show)")],
-                    rows: Annotated[Path, typer.Option("--input", help="rows.csv (a header, then numbers) or an "
-                                                       ".npz with 'x'")],
+                    rows: Annotated[Path, typer.Option("--input", help="raw rows: rows.csv (a header, then numbers; "
+                                                       "columns matched by name where the model knows its "
+                                                       "features) or an .npz with 'x'")],
                     out: Annotated[Path, typer.Option("--out", help="predictions CSV")]) -> None:
-    """The client's model on new rows: the predicted class and its probabilities, or the regression outputs."""
-    import numpy as np
+    """The client's model on new raw rows (scaled as the run scaled that client's, from what the run saved; the
+    training data are not read): the predicted class and each class's probability, or the regression outputs in
+    the federation's declared units."""
+    import torch
 
-    from graphfed.export import client_state, predict, read_rows, rebuild, scaled_like_training, target_units
+    from graphfed.export import deployed_model, read_rows
     from graphfed.runs import atomic_write_text
 
-    state, model, _ = client_state(run_dir, client)
-    inputs = scaled_like_training(run_dir, client, read_rows(rows, tuple(model["input_shape"])))
-    outputs = predict(rebuild(model, state), inputs)
-    if model["task"] == "classification":
-        probabilities = outputs.softmax(dim=-1).numpy()
-        header = ["prediction", *[f"p{k}" for k in range(probabilities.shape[1])]]
-        table = np.column_stack([probabilities.argmax(axis=1), probabilities])
-        lines = [",".join(header)] + [",".join([str(int(row[0])), *[f"{v:.6g}" for v in row[1:]]]) for row in table]
+    model = deployed_model(run_dir, client)
+    inputs = read_rows(rows, model.input_shape, model.feature_names)
+    with torch.no_grad():
+        outputs = model(inputs).numpy()
+    if model.task == "classification":
+        header = ["prediction", *(["class"] if model.class_names else []),
+                  *[f"p{k}" for k in range(outputs.shape[1])]]
+        lines = [",".join(header)]
+        for row in outputs:
+            label = int(row.argmax())
+            named = [_csv_text(model.class_names[label])] if model.class_names else []
+            lines.append(",".join([str(label), *named, *[f"{v:.6g}" for v in row]]))
     else:  # in the units the federation declares (meta.yaml target_scale / target_units), as every output
-        scale, units = target_units(run_dir)
-        values = outputs.reshape(len(outputs), -1).numpy() * scale
-        suffix = f" ({units})" if units else ""
+        values = outputs.reshape(len(outputs), -1)
+        suffix = f" ({model.target_units})" if model.target_units else ""
         lines = [",".join(f"y{k}{suffix}" for k in range(values.shape[1]))] + [",".join(f"{v:.6g}" for v in row)
                                                                                 for row in values]
     atomic_write_text(out, "\n".join(lines) + "\n")
     console.print(f"wrote {len(outputs)} predictions of client {client} to {out}")
+
+
+def _csv_text(text: str) -> str:
+    """``text`` as one CSV field (quoted where it holds a comma or a quote)."""
+    return f'"{text.replace(chr(34), chr(34) * 2)}"' if any(c in text for c in ',"\n') else text

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from graphfed.config import shown_default
 
@@ -149,7 +150,7 @@ def _print_options(method: str, rows: list[list[str]]) -> None:
     for header in ("option", "default", "meaning"):
         table.add_column(header)
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))  # plain text: "[beta1, beta2]" is no markup
     if not table.row_count:
         table.add_row("(none)", "", "")
     show(table)
@@ -166,4 +167,5 @@ def describe(method: Annotated[str, typer.Argument(help="a method name (graphfed
     entry = methods[method]
     console.print(f"[bold]{method}[/bold]: {entry['summary']}\n")
     console.print(entry["doc"], markup=False, highlight=False, soft_wrap=True)
+    console.print(f"\nServer weighting: {entry['server_weighting']}", markup=False, highlight=False, soft_wrap=True)
     _print_options(method, entry["options"])

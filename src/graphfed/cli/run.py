@@ -18,6 +18,7 @@ from graphfed.cli.common import (
     EXIT_CONFIG,
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
+    EXIT_OVER_BUDGET,
     EXIT_RUN,
     SetOption,
     app,
@@ -25,6 +26,7 @@ from graphfed.cli.common import (
     claim_out,
     console,
     fail,
+    fail_over_budget,
     load,
     run_many,
     run_one,
@@ -51,10 +53,19 @@ def run(config: Annotated[Path, typer.Argument(help="YAML run config")],
     summary = run_one(cfg, out, resume, progress)
     _print_summary(summary)
     console.print(f"results in [bold]{out}[/bold]")
+    fail_over_budget([summary])
 
 
 def _print_summary(result: RunResult) -> None:
-    from graphfed.report.tables import format_value, in_declared_units, metric_label, privacy_sentence
+    from graphfed.report.tables import (
+        TRIVIAL_MARKS,
+        format_value,
+        higher_is_better,
+        in_declared_units,
+        metric_label,
+        privacy_sentence,
+        versus_trivial,
+    )
 
     summary = in_declared_units(result)  # errors in the units the federation declares
     metric = summary.metric
@@ -70,10 +81,9 @@ def _print_summary(result: RunResult) -> None:
     coverage = "—" if scored is None or training is None else f"{scored} of {training}" + (
         f" (no reply: {', '.join(summary.unscored_clients[:5])}{', ...' if len(summary.unscored_clients) > 5 else ''})"
         if summary.unscored_clients else " (shrank: replies lost)" if scored < training else "")
-    below = summary.test_mean is not None and summary.trivial_test_mean is not None and (
-        summary.test_mean < summary.trivial_test_mean if metric == "accuracy"
-        else summary.test_mean > summary.trivial_test_mean)
-    table.add_row(format_value((summary.test_mean, summary.test_std), metric) + (" (below trivial)" if below else ""),
+    relation = versus_trivial(summary.test_mean, summary.trivial_test_mean, higher_is_better(metric))
+    mark = f" {TRIVIAL_MARKS[relation]}" if relation else ""
+    table.add_row(format_value((summary.test_mean, summary.test_std), metric) + mark,
                   format_value(None if summary.trivial_test_mean is None else (summary.trivial_test_mean, 0.0),
                                metric).split(" ±")[0], coverage,
                   format_value((pooled, 0.0), metric).split(" ±")[0],
@@ -104,7 +114,7 @@ def _print_summary(result: RunResult) -> None:
 
 #: ``graphfed status``'s exit code per fate (the table is in the docs, "Runs, errors and exit codes", and the README)
 STATUS_EXIT = {"completed": 0, "failed": EXIT_INTERNAL, "none": EXIT_CONFIG, "stopped": EXIT_RUN, "running": 5,
-               "interrupted": EXIT_INTERRUPTED}
+               "interrupted": EXIT_INTERRUPTED, "over_budget": EXIT_OVER_BUDGET}
 
 
 @app.command("flower-status", hidden=True)  # the name a Flower operator looks for
@@ -116,7 +126,8 @@ def status_command(run_dir: Annotated[Path, typer.Argument(help="a run folder (g
                    interval: Annotated[float, typer.Option(help="--wait: seconds between looks", min=0.1)] = 5.0
                    ) -> None:
     """The run's fate in one line and an exit code a supervisor can act on: 0 completed, 3 stopped (its reason
-    follows; resume it), 1 failed (a bug), 130 interrupted, 5 still running, 2 no run there."""
+    follows; resume it), 1 failed (a bug), 130 interrupted, 5 still running, 6 completed above its privacy target,
+    2 no run there."""
     import time
 
     from graphfed.runs import run_fate

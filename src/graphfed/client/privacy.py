@@ -55,6 +55,9 @@ from graphfed.core import rng
 
 #: the calibration's tolerance on the noise multiplier (its epsilon then lies well within 1 % of the target)
 CALIBRATION_TOLERANCE = 1e-5
+#: an epsilon this far (relative) above the target is above it: the calibration meets the target from below, and the
+#: accountants agree with themselves far closer than this
+TARGET_TOLERANCE = 1e-6
 #: what each neighbouring relation compares, in the words the summary and the docs use
 NEIGHBOURS = {
     "zero_out": "zero-out: a client's upload against the same client holding no data (sensitivity clip_norm)",
@@ -165,6 +168,15 @@ class PrivacyPlan:
     #: local: the most noised uploads any client makes (a training client's rounds, a novel client's adaptation)
     novel_rounds: int = 0
     calibrated: bool = False  #: the noise was calibrated to ``privacy.target_epsilon``
+    target_epsilon: float | None = None  #: ``privacy.target_epsilon``: what every client's epsilon must stay within
+
+    def above_target(self, spent: dict[str, float]) -> dict[str, float]:
+        """The entries of ``spent`` (epsilon by client, or the run's) above :attr:`target_epsilon`, beyond the
+        calibration's rounding; empty without a target."""
+        if self.target_epsilon is None:
+            return {}
+        return {name: value for name, value in spent.items()
+                if value > self.target_epsilon * (1 + TARGET_TOLERANCE)}
 
     @property
     def releases_per_client(self) -> int:
@@ -223,6 +235,7 @@ class PrivacyPlan:
         return {"mechanism": self.mechanism, "clip_norm": self.clip_norm, "noise_multiplier": self.noise_multiplier,
                 "releases_per_client": self.releases_per_client,
                 ("calibrated_for" if self.calibrated else "sized_for"): self.releases_note(),
+                **({"target_epsilon": self.target_epsilon} if self.target_epsilon is not None else {}),
                 "delta": self.delta, "delta_source": delta_note, "accountant": self.accountant,
                 "neighbours": self.neighbours, "neighbours_meaning": NEIGHBOURS[self.neighbours],
                 "noise": REPRODUCIBLE_WARNING if self.reproducible else SECURE_NOTE,
@@ -257,6 +270,9 @@ class PrivacyPlan:
         if self.mechanism == "central":
             outside.append("on Flower, dropped_clients, missed_rounds and drop_counts (summary.json, rounds.jsonl, "
                            "the ServerApp's log): they name clients of the secret cohorts whose nodes did not reply")
+            outside.append("private_diagnostics.json: the noise check's measurement of the first cohort's median "
+                           "raw update norm against the noise (a statistic of a secret cohort's raw updates, for the "
+                           "researcher alone): do not publish it")
         return outside
 
 
@@ -287,16 +303,25 @@ def plan_privacy(config: PrivacyConfig, num_train_clients: int, clients_per_roun
     plan = PrivacyPlan(config.mechanism, config.clip_norm, float(noise or 0.0), delta, config.accountant, rounds,
                        rate, adaptive, config.clip_learning_rate, quantile_noise, neighbours,
                        config.reproducible_noise, config.model_selection,
-                       num_train_clients if config.delta is None else None, novel_rounds, calibrated)
+                       num_train_clients if config.delta is None else None, novel_rounds, calibrated,
+                       config.target_epsilon if config.mechanism != "none" else None)
     plan.sum_noise_multiplier  # noqa: B018 - a count noise that leaves the sum no budget is an error now
     return plan
 
 
-#: what lowers the noise against what the clients send, for a line that says the noise is too large
-NOISE_LEVERS = ("more clients per round (train.clients_per_round: the noise is divided by the expected cohort), a "
-                "larger privacy.target_epsilon, fewer train.rounds, a smaller privacy.clip_norm (the noise scales "
-                "with it; near the clients' typical update norm) or train.lr, or adaptive clipping "
-                "(privacy.adaptive_quantile)")
+def noise_levers(all_take_part: bool = False) -> str:
+    """What lowers the noise against what the clients send, for a line that says the noise is too large; more
+    clients per round only where some clients sit a round out (``all_take_part``: every training client already
+    takes part in every round)."""
+    cohort = [] if all_take_part else ["more clients per round (train.clients_per_round: the noise is divided by "
+                                       "the expected cohort)"]
+    levers = [*cohort, "a larger privacy.target_epsilon", "fewer train.rounds", "a smaller privacy.clip_norm (the "
+              "noise scales with it; near the clients' typical update norm) or train.lr"]
+    return ", ".join(levers) + ", or adaptive clipping (privacy.adaptive_quantile)"
+
+
+#: :func:`noise_levers` where the cohort is not known (a non-finite update's message)
+NOISE_LEVERS = noise_levers()
 
 
 def release_noise(plan: PrivacyPlan, dim: int, clients_per_round: int) -> float:
@@ -318,12 +343,12 @@ def noise_statement(plan: PrivacyPlan, dim: int, clients_per_round: int) -> str:
 
 
 def noise_warning(plan: PrivacyPlan, dim: int, clients_per_round: int, rounds: int, weight_rms: float,
-                  typical_norm: float | None = None) -> str | None:
-    """One line when the noise is too large for the model to learn, or None. Either the noise alone moves each
+                  typical_norm: float | None = None, all_take_part: bool = False) -> str | None:
+    """One line when the noise may be too large for the model to learn, or None. Either the noise alone moves each
     weight, over ``rounds`` rounds (as sqrt(rounds)), by more than the weights' own size at the start
     (``weight_rms``: the model is then mostly noise), or the noise on the means outweighs the most the updates can
-    add up to (rounds x their typical norm, at most the clip; ``typical_norm``: the median measured in round 1,
-    else the clip)."""
+    add up to (rounds x their typical norm, at most the clip; ``typical_norm``: a measured median, else the clip).
+    A pre-flight, not a verdict: the run's scores against the trivial predictors say whether the model learned."""
     norm = release_noise(plan, dim, clients_per_round)
     drift = norm / math.sqrt(dim) * math.sqrt(rounds)
     signal = plan.clip_norm if typical_norm is None else min(typical_norm, plan.clip_norm)
@@ -338,7 +363,8 @@ def noise_warning(plan: PrivacyPlan, dim: int, clients_per_round: int, rounds: i
                   f"up to ({rounds * signal:.3g})")
     else:
         return None
-    return f"the noise is too large for the model to learn: {reason}; lower it with {NOISE_LEVERS}"
+    return (f"the noise may be too large for the model to learn: {reason}; if the model does not beat its trivial "
+            f"predictor, lower it with {noise_levers(all_take_part)}")
 
 
 # ---- the mechanisms --------------------------------------------------------------------------------------------
@@ -456,19 +482,22 @@ def next_clip(delta: torch.Tensor, clip_norm: float, plan: PrivacyPlan, expected
 @dataclass
 class PrivacyLedger:
     """Every release a run made: central, the rounds whose noised sum reached the server's model (an empty cohort's
-    noise included); local, how many noised uploads each client made (training and novel-client adaptation). It
-    is written beside the checkpoint after every round, so a run interrupted between checkpoints still counts the
-    rounds it released and then ran again."""
+    noise included); local, how many noised uploads each client made (training and novel-client adaptation); and
+    for both the training rounds and adaptation steps whose releases were made (``rounds``, ``novel_steps``). It
+    is written beside the checkpoint after every release, so a resumed run knows where its releases stopped and
+    never makes one of them again (:func:`graphfed.sim.checkpoint.resume` starts after the last)."""
 
     central_releases: int = 0
     uploads: dict[int, int] = field(default_factory=dict)
+    rounds: int = 0  #: training rounds whose releases were made
+    novel_steps: int = 0  #: novel-client adaptation steps whose (local DP) uploads were made
 
     def count_uploads(self, client_ids: torch.Tensor) -> None:
         for client in client_ids.tolist():
             self.uploads[int(client)] = self.uploads.get(int(client), 0) + 1
 
     def state(self) -> dict[str, Any]:
-        return {"central_releases": self.central_releases,
+        return {"central_releases": self.central_releases, "rounds": self.rounds, "novel_steps": self.novel_steps,
                 "uploads": {str(client): count for client, count in sorted(self.uploads.items())}}
 
     @classmethod
@@ -482,13 +511,17 @@ class PrivacyLedger:
             if not str(client).isdigit() or not isinstance(count, int) or count < 0:
                 raise ValueError(f"privacy ledger: upload count {count!r} of client {client!r}")
             uploads[int(client)] = count
-        return cls(max(0, state["central_releases"]), uploads)
+        steps = {key: state.get(key, 0) for key in ("rounds", "novel_steps")}  # older ledgers lack them
+        if not all(isinstance(value, int) and value >= 0 for value in steps.values()):
+            raise ValueError(f"privacy ledger: rounds and novel_steps must be counts, got {steps}")
+        return cls(max(0, state["central_releases"]), uploads, steps["rounds"], steps["novel_steps"])
 
     def merged(self, other: PrivacyLedger) -> PrivacyLedger:
         """The larger count of each kind: what either record saw was released."""
         clients = set(self.uploads) | set(other.uploads)
         return PrivacyLedger(max(self.central_releases, other.central_releases),
-                             {c: max(self.uploads.get(c, 0), other.uploads.get(c, 0)) for c in clients})
+                             {c: max(self.uploads.get(c, 0), other.uploads.get(c, 0)) for c in clients},
+                             max(self.rounds, other.rounds), max(self.novel_steps, other.novel_steps))
 
     def to_json(self) -> str:
         return json.dumps(self.state(), indent=1) + "\n"

@@ -18,7 +18,7 @@ import torch
 
 from graphfed.config import ConfigError, DatasetConfig, printable
 from graphfed.data.datasets import digits, femnist, fl_n, folder, images, metr_la, tpt48, traffic_h5
-from graphfed.data.federation import ClientSplit, Federation
+from graphfed.data.federation import ClientSplit, Federation, InputScaling
 from graphfed.data.graphs import choose_novel_clients, knn_graph
 from graphfed.data.registry import (
     DATASETS,
@@ -29,7 +29,7 @@ from graphfed.data.registry import (
 )
 from graphfed.errors import DataError, DataMissingError, GraphfedError
 
-__all__ = ["DATASETS", "ClientSplit", "DatasetInfo", "Federation", "Streams", "build_federation",
+__all__ = ["DATASETS", "ClientSplit", "DatasetInfo", "Federation", "InputScaling", "Streams", "build_federation",
            "feature_scaling", "federation_from_clients", "register_dataset", "standardized"]
 
 #: the built-in dataset modules, each with its REGISTRY of names
@@ -121,7 +121,8 @@ def feature_scaling(fed: Federation, how: str) -> tuple[torch.Tensor, torch.Tens
 
 
 def standardized(fed: Federation, how: str) -> Federation:
-    """Every client's train, val and test rows scaled by :func:`feature_scaling` (mean 0, standard deviation 1)."""
+    """Every client's train, val and test rows scaled by :func:`feature_scaling` (mean 0, standard deviation 1); the
+    statistics are kept as the federation's ``input_scaling``."""
     mean, spread = feature_scaling(fed, how)
 
     def scaled(split: ClientSplit) -> ClientSplit:
@@ -131,7 +132,8 @@ def standardized(fed: Federation, how: str) -> Federation:
         x[rows] = values.to(split.x.dtype).view(len(rows), *split.x.shape[1:])
         return replace(split, x=x)
 
-    return replace(fed, train=scaled(fed.train), val=scaled(fed.val), test=scaled(fed.test))
+    return replace(fed, train=scaled(fed.train), val=scaled(fed.val), test=scaled(fed.test),
+                   input_scaling=InputScaling(how, mean, spread))
 
 
 def client_profiles(fed: Federation) -> torch.Tensor:

@@ -259,6 +259,21 @@ class ClientSplit:
         return ClientSplit(x_all, y_all, torch.cumsum(counts, 0) - counts, counts)
 
 
+@dataclass(frozen=True)
+class InputScaling:
+    """How ``dataset.standardize`` scaled each client's flattened input features: ``(x - mean[i]) / spread[i]`` for
+    client i (``mean``, ``spread``: ``[N, F]`` float64, on the host). ``how``: ``client`` (each client by its own
+    training rows) or ``pooled`` (every training client's rows together: the same row for every client)."""
+
+    how: str
+    mean: torch.Tensor
+    spread: torch.Tensor
+
+    def client(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mean, spread)`` of client ``index``, each ``[F]`` float64."""
+        return self.mean[index], self.spread[index]
+
+
 @dataclass
 class Federation:
     """Everything a run needs to know about the clients' data and how clients relate."""
@@ -289,6 +304,15 @@ class Federation:
     #: empty, and the one that picks the reported round (``select_by``) when ``train.select_by`` is unset
     default_metrics: tuple[str, ...] = ()
     default_select_by: str | None = None
+    #: the class names, label k's at index k, where the data give them (a folder's meta.yaml ``classes``, CIFAR-10's
+    #: and Fashion-MNIST's own), for what a user reads and what an exported model answers
+    class_names: list[str] | None = None
+    #: why the data are read as their task (a folder: meta.yaml, integer labels or float targets), for inspect and
+    #: the run's log; it starts with "warning:" where the data could be read as either task
+    task_reason: str | None = None
+    #: ``dataset.standardize``'s statistics, what the stored rows were scaled by (None: the rows are as read): an
+    #: output of training that prediction on raw rows needs, so it is saved with the models
+    input_scaling: InputScaling | None = None
     #: a backdoor attack's evaluation split (``graphfed.attacks``): every client's triggered non-target test rows,
     #: labelled with the target, so accuracy on it is the attack success rate; None without a backdoor
     backdoor_test: ClientSplit | None = None

@@ -29,6 +29,10 @@ MIXING_ROWS_PER_CALL = 2048
 
 
 class PersonalizedAggregation(Method):
+    server_weighting = ("no shared mean: each client starts from its own per-layer mix of every client's latest "
+                        "model, with the weights of the method's collaboration graph (its algorithm box says how they "
+                        "are made)")
+
     def __init__(self, context: MethodContext, options: MethodOptions) -> None:
         super().__init__(context, options)
         n = context.num_clients

@@ -90,6 +90,9 @@ class Method(ABC):
     #: True: ``central`` runs as DP-SGD on the server's parameters (each client's gradient contribution clipped,
     #: the sum noised: :class:`graphfed.client.privacy.ServerGradientPrivacy`), not as a noised mean of updates
     private_server_gradient: ClassVar[bool] = False
+    #: how the server weighs the clients whose uploads it combines, and where that comes from (the paper's
+    #: algorithm box where it has one): one sentence, in ``graphfed describe`` and the method reference
+    server_weighting: ClassVar[str] = ""
 
     def __init__(self, context: MethodContext, options: MethodOptions) -> None:
         self.context = context
@@ -183,6 +186,16 @@ class Method(ABC):
         """Update only what describes ``client_ids`` (e.g. their embeddings) from their deltas."""
         raise TypeError(f"method '{self.name}' has no novel-client adaptation")
 
+    def novel_adaptation_state(self) -> dict[str, Any]:
+        """The scratch state of an adaptation in progress (its optimiser, its leaves), beside :meth:`state_dict`:
+        what a checkpoint between two :meth:`adapt_novel` steps needs to continue it."""
+        raise TypeError(f"method '{self.name}' has no novel-client adaptation")
+
+    def resume_novel_adaptation(self, client_ids: torch.Tensor, state: dict[str, Any]) -> None:
+        """:meth:`begin_novel_adaptation` for ``client_ids``, then the scratch state a checkpoint saved with
+        :meth:`novel_adaptation_state` (the method's own state already loaded)."""
+        raise TypeError(f"method '{self.name}' has no novel-client adaptation")
+
     def collaboration_graph(self, client_ids: torch.Tensor | None = None) -> torch.Tensor | None:
         """The client graph the method uses, if it has one: rows ``client_ids`` (all clients by default) of its
         ``[N, N]`` matrix, or ``[L, rows, N]`` with one matrix per layer."""
@@ -234,6 +247,8 @@ class EmbeddingHypernetwork(Method):
     Novel clients are adapted as in pFedHN Sec. 5.3: everything is frozen except the novel clients'
     embeddings, which follow the hypergradient of their own deltas (Adam, ``options.novel_lr``).
     """
+    server_weighting = ("no mean of models: the server steps its hypernetwork on the sum of the round's "
+                        "hypergradients, each client's delta at weight 1 / |S| (pFedHN's Algorithm 1)")
 
     embeddings: nn.Embedding
     optimizer: torch.optim.Optimizer
@@ -261,6 +276,15 @@ class EmbeddingHypernetwork(Method):
     def begin_novel_adaptation(self, client_ids: torch.Tensor) -> None:
         self._novel_embeddings = self.embeddings.weight[client_ids].detach().clone().requires_grad_(True)
         self._novel_optimizer = torch.optim.Adam([self._novel_embeddings], lr=self.options.novel_lr)
+
+    def novel_adaptation_state(self) -> dict[str, Any]:
+        return {"embeddings": self._novel_embeddings.detach().clone(), "optimizer": self._novel_optimizer.state_dict()}
+
+    def resume_novel_adaptation(self, client_ids: torch.Tensor, state: dict[str, Any]) -> None:
+        self.begin_novel_adaptation(client_ids)
+        with torch.no_grad():
+            self._novel_embeddings.copy_(state["embeddings"])
+        self._novel_optimizer.load_state_dict(state["optimizer"])
 
     def adapt_novel(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor) -> None:
         # Only the novel rows are leaves; every other embedding and all networks are constants here.

@@ -58,6 +58,8 @@ class DittoRule(PersonalModelRule):
 class Ditto(FedAvg):
     name = "ditto"
     summary = "FedAvg global model + a personal model per client pulled towards it (lambda); clients evaluate theirs"
+    server_weighting = ("the global model: sample-weighted mean of the clients' w_k, as FedAvg (Ditto's Algorithm 1 "
+                        "aggregates w by FedAvg's rule); the personal models are never averaged")
     Options = DittoOptions
 
     @classmethod

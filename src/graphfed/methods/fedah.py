@@ -30,6 +30,8 @@ class FedAHOptions(FedAvgOptions):
 class FedAH(FedAvg):
     name = "fedah"
     summary = "FedAvg whose clients blend the global head into their own head with learned element-wise weights"
+    server_weighting = ("sample-weighted mean, FedAvg's rule (FedAH's server is FedAvg's; the head aggregation "
+                        "happens on each client)")
     Options = FedAHOptions
 
     @classmethod

@@ -84,6 +84,8 @@ class FedALARule(ClientRule):
 class FedALA(FedAvg):
     name = "fedala"
     summary = "FedAvg whose clients blend the global model into their local one with learned element-wise weights"
+    server_weighting = ("sample-weighted mean, FedAvg's rule (FedALA's server is FedAvg's; the adaptive aggregation "
+                        "happens on each client)")
     Options = FedALAOptions
 
     @classmethod

@@ -52,6 +52,10 @@ class FedAvg(Method):
     Options = FedAvgOptions
     #: every client is sent the one global model (a subclass that personalises what it sends says False: FedPAC)
     sends_global_model: ClassVar[bool] = True
+    #: True: the server's mean weighs each client by its training rows (FedAvg's n_k / n); False: the plain mean
+    #: over the clients that reported, where the method's algorithm box says so (SCAFFOLD, FedDyn, pFedMe, ...)
+    weighs_by_samples: ClassVar[bool] = True
+    server_weighting = "sample-weighted mean over the clients that reported, n_k / n (McMahan et al. 2017, Algorithm 1)"
 
     def __init__(self, context: MethodContext, options: FedAvgOptions, server_lr: float | None = None) -> None:
         super().__init__(context, options)
@@ -79,7 +83,12 @@ class FedAvg(Method):
     def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
                metrics: dict[str, torch.Tensor]) -> None:
         # delta = sent - trained, so subtracting the mean delta moves towards the clients' models.
-        self.apply_update(self.aggregate(delta, metrics["num_examples"]))
+        self.apply_update(self.aggregate(delta, self.mean_weights(metrics)))
+
+    def mean_weights(self, metrics: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``[n]``: each reporting client's weight in the server's mean (:attr:`weighs_by_samples`)."""
+        counts = metrics["num_examples"]
+        return counts if self.weighs_by_samples else torch.ones_like(counts)
 
     def central_update(self, mean_delta: torch.Tensor, expected_clients: float) -> None:
         # the released mean is the whole round: one row, aggregated as the method aggregates any update

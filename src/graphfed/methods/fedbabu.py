@@ -44,6 +44,8 @@ class FedBABURule(ClientRule):
 class FedBABU(FedAvg):
     name = "fedbabu"
     summary = "body trained with the head frozen at its random initialisation; head fine-tuned before evaluation"
+    server_weighting = ("the bodies: sample-weighted mean, FedAvg's rule (FedBABU's server is FedAvg's with the head "
+                        "frozen)")
     Options = FedBABUOptions
 
     @classmethod

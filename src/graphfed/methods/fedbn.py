@@ -18,6 +18,9 @@ from graphfed.methods.fedavg import FedAvg, FedAvgOptions
 class FedBN(FedAvg):
     name = "fedbn"
     summary = "FedAvg whose BatchNorm tensors stay on each client"
+    server_weighting = ("sample-weighted mean of everything but BatchNorm, FedAvg's rule (FedBN's Algorithm 1 "
+                        "averages the non-BN layers; its experiments give every client the same number of rows, where "
+                        "the two weightings agree)")
 
     @classmethod
     def client_rule(cls, options: FedAvgOptions, setting: ClientSetting) -> ClientRule:

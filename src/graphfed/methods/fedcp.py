@@ -130,6 +130,8 @@ class FedCPRule(ClientRule):
 class FedCP(FedAvg):
     name = "fedcp"
     summary = "conditional policy splits features between the global head and a personal head per client"
+    server_weighting = ("feature extractor, global head and policy network: sample-weighted means, FedAvg's rule "
+                        "(FedCP's server is FedAvg's)")
     Options = FedCPOptions
 
     def __init__(self, context: MethodContext, options: FedCPOptions) -> None:
@@ -152,4 +154,4 @@ class FedCP(FedAvg):
     def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
                metrics: dict[str, torch.Tensor]) -> None:
         super().update(client_ids, sent, delta, metrics)
-        self.policy = weighted_mean(metrics["policy"], metrics["num_examples"])
+        self.policy = weighted_mean(metrics["policy"], self.mean_weights(metrics))

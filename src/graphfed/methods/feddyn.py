@@ -55,6 +55,8 @@ class FedDynRule(ClientRule):
 class FedDyn(FedAvg):
     name = "feddyn"
     summary = "a dynamic regulariser per client (and its server state h) aligns the clients' optima with the global"
+    server_weighting = ("plain mean over the clients that reported, for the model and for the state h (Acar et al. "
+                        "2021, FedDyn's Algorithm 1)")
     Options = FedDynOptions
 
     def __init__(self, context: MethodContext, options: FedDynOptions) -> None:

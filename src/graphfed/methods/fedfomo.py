@@ -56,6 +56,8 @@ class FedFomoRule(ClientRule):
 class FedFomo(Method):
     name = "fedfomo"
     summary = "each client combines downloaded models by the validation-loss improvement they give"
+    server_weighting = ("none at the server: each client weighs the models it downloads by how much each lowers its "
+                        "own validation loss (FedFomo's Algorithm 1)")
     Options = FedFomoOptions
 
     def __init__(self, context: MethodContext, options: FedFomoOptions) -> None:

@@ -153,6 +153,9 @@ def collaboration_weights(profiles: torch.Tensor, variance: torch.Tensor, tolera
 class FedPAC(FedAvg):
     name = "fedpac"
     summary = "shared body aligned to global class centroids + per-client heads combined by a bias-variance QP"
+    server_weighting = ("the body: sample-weighted mean (FedPAC's Algorithm 1 averages it as FedAvg); the centroids: "
+                        "count-weighted per class; each head: the QP's classifier-collaboration weights over the "
+                        "round's clients")
     Options = FedPACOptions
     sends_global_model = False  # each client gets its own head
 
@@ -186,7 +189,7 @@ class FedPAC(FedAvg):
                metrics: dict[str, torch.Tensor]) -> None:
         heads = (sent - delta)[:, self.head_index]
         super().update(client_ids, sent, delta, metrics)  # the body (and the mean head, for novel clients)
-        self.global_weights[self.head_index] = weighted_mean(heads, metrics["num_examples"])
+        self.global_weights[self.head_index] = weighted_mean(heads, self.mean_weights(metrics))
         counts, centroids = metrics["class_counts"], metrics["centroids"]
         total = counts.sum(0)
         pooled = (counts.unsqueeze(-1) * centroids).sum(0) / total.clamp_min(1).unsqueeze(-1)

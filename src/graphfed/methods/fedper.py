@@ -17,6 +17,8 @@ from graphfed.methods.fedavg import FedAvg, FedAvgOptions
 class FedPer(FedAvg):
     name = "fedper"
     summary = "shared body averaged by the server, personal head trained jointly with it on each client"
+    server_weighting = ("the bodies: sample-weighted mean, FedAvg's rule (FedPer's server step is FedAvg's on the "
+                        "base layers); heads are never averaged")
 
     @classmethod
     def client_rule(cls, options: FedAvgOptions, setting: ClientSetting) -> ClientRule:

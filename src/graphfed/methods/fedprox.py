@@ -24,6 +24,9 @@ class FedProxOptions(FedAvgOptions):
 class FedProx(FedAvg):
     name = "fedprox"
     summary = "FedAvg whose clients add the proximal term mu/2 * ||w - w_global||^2 to their local loss"
+    server_weighting = ("sample-weighted mean, n_k / n. FedProx's Algorithm 2 samples devices with probability p_k = "
+                        "n_k / n and takes their plain mean; graphfed samples clients uniformly, and under uniform "
+                        "sampling the n_k / n weights give the same expected step")
     Options = FedProxOptions
 
     @classmethod

@@ -76,6 +76,8 @@ class FedRoDRule(ClientRule):
 class FedRoD(FedAvg):
     name = "fedrod"
     summary = "generic model trained with balanced softmax + a personal linear head per client on top of it"
+    server_weighting = ("body and generic head: sample-weighted mean, FedAvg's rule (FedRoD's server is FedAvg's); "
+                        "personal heads are never averaged")
     Options = FedAvgOptions
 
     @classmethod

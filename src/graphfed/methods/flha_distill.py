@@ -41,6 +41,8 @@ class FlhaDistillOptions(FedAvgOptions):
 class FlhaDistill(FedAvg):
     name = "flha-distill"
     summary = "FedAvg trains a shared teacher architecture; each client distils it into its own architecture"
+    server_weighting = ("the teacher: sample-weighted mean, FedAvg's rule; each client's own network is distilled "
+                        "locally, never averaged")
     Options = FlhaDistillOptions
     architectures = "teacher"
 

@@ -50,6 +50,8 @@ class FlhaGhn(FedAvg):
     name = "flha-ghn"
     summary = ("clients of different architectures train one shared graph hypernetwork through their own "
                "architecture graph; the server averages GHN weights")
+    server_weighting = ("the GHN's weights: sample-weighted mean, FedAvg's rule (FLHA-GHN's clients train one shared "
+                        "GHN, which plain FedAvg aggregates)")
     Options = FlhaGhnOptions
     architectures = "ghn"
 

@@ -61,6 +61,8 @@ class KNNPerRule(ClientRule):
 class KNNPer(FedAvg):
     name = "knn-per"
     summary = "FedAvg model interpolated with a kNN vote over each client's own training features"
+    server_weighting = ("sample-weighted mean, FedAvg's rule (kNN-Per trains a FedAvg model; the kNN part stays on "
+                        "each client)")
     Options = KNNPerOptions
 
     @classmethod

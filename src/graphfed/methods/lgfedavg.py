@@ -16,6 +16,8 @@ from graphfed.methods.fedavg import FedAvg, FedAvgOptions
 class LGFedAvg(FedAvg):
     name = "lg-fedavg"
     summary = "personal body on each client, shared head averaged by the server"
+    server_weighting = ("the heads: sample-weighted mean, FedAvg's rule (LG-FedAvg averages the global layers as "
+                        "FedAvg); bodies are never averaged")
 
     @classmethod
     def client_rule(cls, options: FedAvgOptions, setting: ClientSetting) -> ClientRule:

@@ -10,6 +10,7 @@ from graphfed.methods.base import Method, MethodContext, MethodOptions
 class Local(Method):
     name = "local"
     summary = "each client trains its own model alone (no federation)"
+    server_weighting = "none: nothing leaves a client"
     architectures = "own"
     no_novel_model = "local shares nothing: a client that never trained has no model of its own"
     communicates = False  # the server-side rows are the simulation's bookkeeping of each client's own model

@@ -65,6 +65,7 @@ class MoonRule(ClientRule):
 class Moon(FedAvg):
     name = "moon"
     summary = "FedAvg whose clients add a model-contrastive term: closer to the global representation than to their own"
+    server_weighting = "sample-weighted mean, |D_i| / |D| (Li et al. 2021, MOON's Algorithm 1)"
     Options = MoonOptions
 
     @classmethod

@@ -16,7 +16,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
 from graphfed.data.federation import Federation
-from graphfed.report.tables import print_table
+from graphfed.report.tables import plain, print_table
 
 _TOP_CLASSES = 4  # a per-client label histogram shows this many classes before "+k more"
 _LISTED = 8  # isolated clients named before "..."
@@ -132,7 +132,7 @@ class FeatureStats:
         return (f"the features' scales differ by {ratio:.3g}x ({self.names[wide]}: std {self.std[wide]:.4g}, "
                 f"{self.names[narrow]}: std {self.std[narrow]:.4g}): a model then learns from the widest and "
                 f"hardly the others, and may score below the trivial predictor; standardise them "
-                f"(dataset.standardize: client, each client by its own training rows)")
+                f"(dataset.standardize: pooled, or client under DP)")
 
 
 def feature_stats(fed: Federation) -> FeatureStats:
@@ -165,7 +165,7 @@ def _target_cell(fed: Federation, targets: np.ndarray) -> str:
     if targets.size == 0:
         return "-"
     factor, _ = _target_scale(fed)
-    return f"{factor * targets.mean():.4g} ± {factor * targets.std():.4g}"
+    return f"{plain(factor * targets.mean())} ± {plain(factor * targets.std())}"
 
 
 def render_federation(fed: Federation, console: Console, max_clients: int = 50) -> None:
@@ -174,10 +174,13 @@ def render_federation(fed: Federation, console: Console, max_clients: int = 50) 
     overview = Table(title=f"{fed.name}", show_header=False)
     overview.add_row("description", fed.description or "-")
     overview.add_row("task / metric", f"{fed.task} / {fed.metric}")
+    if fed.task_reason and not fed.task_reason.startswith("warning: "):  # a warning is printed below the table
+        overview.add_row("why this task", fed.task_reason)
     novel = int(fed.novel_mask.sum())
     overview.add_row("clients", f"{fed.num_clients}" + (f" ({novel} novel)" if novel else ""))
     overview.add_row("feature shape", str(tuple(fed.input_shape)))
-    overview.add_row("classes" if fed.task == "classification" else "target size", str(fed.output_dim))
+    classes = f"{fed.output_dim}" + (f" ({', '.join(fed.class_names)})" if fed.class_names else "")
+    overview.add_row("classes" if fed.task == "classification" else "target size", classes)
     overview.add_row("samples train / val / test",
                      " / ".join(str(int(c.sum())) for c in counts.values()))
     sizes = size_stats(counts["train"], fed.client_names)
@@ -185,6 +188,8 @@ def render_federation(fed: Federation, console: Console, max_clients: int = 50) 
                      f"{sizes.rows_min} / {sizes.rows_median:g} / {sizes.rows_max} (largest: {sizes.largest}, "
                      f"{sizes.largest_share:.0%} of all rows, {sizes.max_over_median:.1f}x the median)")
     print_table(console, overview)
+    if fed.task_reason and fed.task_reason.startswith("warning: "):
+        console.print(f"[yellow]warning:[/yellow] {fed.task_reason.removeprefix('warning: ')}")
     for name, rows, share in sizes.dominant:
         console.print(f"[yellow]warning:[/yellow] client {name} holds {rows} training rows ({share:.0%} of all, "
                       f"{rows / max(sizes.rows_median, 1):.0f}x the median client): it dominates every sample-weighted "
@@ -196,12 +201,13 @@ def render_federation(fed: Federation, console: Console, max_clients: int = 50) 
         for header in ("feature", "min", "max", "mean", "std"):
             table.add_column(header, justify="left" if header == "feature" else "right")
         for j, name in enumerate(features.names):
-            table.add_row(name, *(f"{values[j]:.4g}" for values in (features.low, features.high, features.mean,
-                                                                    features.std)))
+            table.add_row(name, *(plain(float(values[j])) for values in (features.low, features.high,
+                                                                          features.mean, features.std)))
         print_table(console, table)
     elif len(features.low):
-        console.print(f"features: {len(features.names)} inputs, from {features.low.min():.4g} to "
-                      f"{features.high.max():.4g} (std {features.std.min():.4g} to {features.std.max():.4g})")
+        console.print(f"features: {len(features.names)} inputs, from {plain(float(features.low.min()))} to "
+                      f"{plain(float(features.high.max()))} (std {plain(float(features.std.min()))} to "
+                      f"{plain(float(features.std.max()))})")
     if (warning := features.scale_warning()) is not None:
         console.print(f"[yellow]warning:[/yellow] {warning}")
 

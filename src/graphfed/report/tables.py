@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -33,9 +34,7 @@ def print_table(console: Any, table: Any) -> None:
     if console.is_terminal:
         console.print(table)
         return
-    from rich.console import Console
-
-    Console(file=console.file, width=PIPE_WIDTH).print(table)
+    type(console)(file=console.file, width=PIPE_WIDTH).print(table)  # its class: its rule for a closed pipe
 
 
 def metric_label(metric: str, units: str | None = None) -> str:
@@ -90,14 +89,38 @@ def in_declared_units(result: RunResult) -> RunResult:
     scale, metric = result.target_scale, result.metric
     if scale is None or result.target_units is None or metric not in LOWER_IS_BETTER:
         return result
-    factor = scale * scale if metric == "mse" else scale
+    factor = unit_factor(metric, scale)
     update: dict[str, Any] = {name: getattr(result, name) * factor for name in _ERROR_FIELDS
                               if isinstance(getattr(result, name, None), float)}
+    if isinstance(result.test_mae, float):
+        update["test_mae"] = result.test_mae * scale
+
+    def converted(key: str, value: Any) -> Any:
+        """A per-client score in declared units: the headline's (val, test, trivial_test) and ``train.metrics``'
+        errors (``test_mae``, ``val_rmse``...); anything else as it is."""
+        if not isinstance(value, float):
+            return value
+        if key in ("val", "test", "trivial_test"):
+            return value * factor
+        chosen = key.partition("_")[2]
+        return value * unit_factor(chosen, scale) if chosen in LOWER_IS_BETTER else value
+
     if result.per_client:
-        update["per_client"] = {name: {key: value * factor if key in ("val", "test", "trivial_test")
-                                       and isinstance(value, float) else value for key, value in scores.items()}
+        update["per_client"] = {name: {key: converted(key, value) for key, value in scores.items()}
                                 for name, scores in result.per_client.items()}
+    if result.metrics:
+        update["metrics"] = {name: {key: value * unit_factor(name, scale) if name in LOWER_IS_BETTER
+                                    and isinstance(value, float) else value for key, value in means.items()}
+                             for name, means in result.metrics.items()}
     return result.model_copy(update={**update, "target_scale": None})  # converted: never twice
+
+
+def unit_factor(metric: str, scale: float) -> float:
+    """What one stored unit of ``metric`` is in the declared units, a stored target unit being ``scale`` of them:
+    ``scale`` for errors in the target's units (MAE, RMSE), its square for MSE, 1 for scores (accuracy, AUROC)."""
+    if metric == "mse":
+        return scale * scale
+    return scale if metric in LOWER_IS_BETTER else 1.0
 
 
 def compare_rows(summaries: dict[str, list[RunResult]]) -> list[dict[str, Any]]:
@@ -118,8 +141,9 @@ def compare_rows(summaries: dict[str, list[RunResult]]) -> list[dict[str, Any]]:
             "pooled": _mean_std([r.test_pooled for r in runs]),
             "novel": _mean_std([r.novel_mean for r in runs]),
             "novel_adapted": _mean_std([r.novel_adapted_mean for r in runs]),
-            "wall_seconds": statistics.fmean([r.wall_seconds or 0.0 for r in runs] or [0.0]),
-            "mb_up": statistics.fmean([r.bytes_up or 0 for r in runs] or [0]) / 1e6,
+            # what the row cost: every seed's run, a stopped one's rounds included (they were trained and sent)
+            "wall_seconds": statistics.fmean([r.wall_seconds or 0.0 for r in every_run] or [0.0]),
+            "mb_up": statistics.fmean([r.bytes_up or 0 for r in every_run] or [0]) / 1e6,
             # regression with a known target scale only; runs written before these fields existed lack them
             "mae_original_units": _mean_std([r.test_mae_original_units for r in runs]),
             # runs with clients that joined late (train.late_clients): their score at the last round
@@ -195,11 +219,28 @@ def chosen_metrics(runs: Sequence[RunResult]) -> list[str]:
     return names
 
 
-def format_score(stats: tuple[float, float] | None, n: int | None = None) -> str:
-    """A chosen metric (AUROC, F1...: fractions) as ``mean ± sample std``, or "(n=1)" for one seed."""
+def format_score(stats: tuple[float, float] | None, n: int | None = None, metric: str = "") -> str:
+    """A chosen metric as ``mean ± sample std``, or "(n=1)" for one seed: a score (AUROC, F1...: fractions) to 3
+    decimals, an error (MAE, RMSE: in the target's units) as :func:`plain` writes every error."""
     if stats is None:
         return "—"
+    if metric in LOWER_IS_BETTER:
+        return f"{plain(stats[0])} (n=1)" if n == 1 else f"{plain(stats[0])} ± {plain(stats[1])}"
     return f"{stats[0]:.3f} (n=1)" if n == 1 else f"{stats[0]:.3f} ± {stats[1]:.3f}"
+
+
+def chosen_header(name: str, units: str | None) -> str:
+    """A ``train.metrics`` column: ``test auroc``, or an error with its units (``test mae (µg/m³)``)."""
+    if units is None or name not in LOWER_IS_BETTER:
+        return f"test {name}"
+    return f"test {name} ({units})" + ("²" if name == "mse" else "")
+
+
+def signed(value: float, metric: str) -> str:
+    """A difference of two scores (a gain) with its sign: accuracy in points, an error as :func:`plain` writes it."""
+    if metric == "accuracy":
+        return f"{100 * value:+.2f}"
+    return ("+" if value >= 0 else "") + plain(value)
 
 
 def headers(metric: str, chosen: Sequence[str] = (), private: bool = False, units: str | None = None) -> list[str]:
@@ -207,7 +248,8 @@ def headers(metric: str, chosen: Sequence[str] = (), private: bool = False, unit
     standing against the best beside it, then ``train.metrics`` (and what each row spent, in a private
     comparison)."""
     return ["method", f"test {metric_label(metric, units)} (mean ± sample std over seeds)", "trivial predictor",
-            "against the best", "std over clients", "pooled", *[f"test {name}" for name in chosen], "novel",
+            "against the best", "std over clients", "pooled", *[chosen_header(name, units) for name in chosen],
+            "novel",
             "novel (adapted)", *(["privacy"] if private else []), "wall s", "MB up"]
 
 
@@ -223,11 +265,12 @@ def row_cells(row: dict[str, Any], chosen: Sequence[str] = (), private: bool = F
     std_text = "—" if client_std is None else (
         f"{100 * client_std[0]:.2f}" if metric == "accuracy" else plain(client_std[0]))
     n = row["seeds"]
-    test = format_value(row["test"], metric, n) + (" (below trivial)" if below_trivial(row) else "")
+    relation = row_versus_trivial(row)
+    test = format_value(row["test"], metric, n) + (f" {TRIVIAL_MARKS[relation]}" if relation else "")
     standing = row.get("standing")
     return [method_cell(row), test, format_value(row["trivial"], metric, n),
             standing.text() if standing is not None else "—", std_text, format_value(row["pooled"], metric, n),
-            *[format_score(row["chosen"].get(name), n) for name in chosen],
+            *[format_score(row["chosen"].get(name), n, name) for name in chosen],
             format_value(row["novel"], metric, n), format_value(row["novel_adapted"], metric, n),
             *([privacy_cell(row)] if private else []), f"{row['wall_seconds']:.1f}", f"{row['mb_up']:.2f}"]
 
@@ -241,12 +284,32 @@ def higher_is_better(metric: str) -> bool:
     return metric not in LOWER_IS_BETTER
 
 
+def versus_trivial(score: float | None, trivial: float | None, higher: bool) -> str | None:
+    """``below`` when ``score`` is worse than its trivial predictor's, ``ties`` when it is the same number (a model
+    that learned exactly the majority class or the mean target: it does not beat it either), else None."""
+    if score is None or trivial is None:
+        return None
+    if math.isclose(score, trivial, rel_tol=TIE_TOLERANCE, abs_tol=TIE_TOLERANCE):
+        return "ties"
+    return "below" if (score < trivial if higher else score > trivial) else None
+
+
+#: two scores this close (relative, and absolute near 0) are the same number printed twice
+TIE_TOLERANCE = 1e-9
+#: what a table writes beside a score that does not beat its trivial predictor
+TRIVIAL_MARKS = {"below": "(below trivial)", "ties": "(= trivial)"}
+
+
+def row_versus_trivial(row: dict[str, Any]) -> str | None:
+    """:func:`versus_trivial` of the row's mean over its seeds."""
+    test, trivial = row.get("test"), row.get("trivial")
+    return versus_trivial(None if test is None else test[0], None if trivial is None else trivial[0],
+                          higher_is_better(row["metric"]))
+
+
 def below_trivial(row: dict[str, Any]) -> bool:
     """Whether the row's trained clients score worse, on average over its seeds, than their trivial predictors."""
-    test, trivial = row.get("test"), row.get("trivial")
-    if test is None or trivial is None:
-        return False
-    return test[0] < trivial[0] if higher_is_better(row["metric"]) else test[0] > trivial[0]
+    return row_versus_trivial(row) == "below"
 
 
 def add_standings(rows: list[dict[str, Any]], test: str = "welch") -> None:
@@ -273,15 +336,24 @@ def verdict_lines(rows: list[dict[str, Any]], test: str = "welch") -> list[str]:
         lines.append(f"against the best: {TESTS[test]} of the best row's per-seed scores against each other row's, "
                      f"Holm-corrected across the {len(tested) - 1} comparison(s) at {100 * ALPHA:g} %; an undecided "
                      f"row says how many seeds per method its observed difference would need (Welch, 80 % power at "
-                     f"{100 * ALPHA:g} % over the comparisons)")
+                     f"{100 * ALPHA:g} % over the comparisons). p_Holm is the p-value Holm-adjusted across those "
+                     f"comparisons (worse: at most {100 * ALPHA:g} %); 'degenerate': every seed of both rows gave the "
+                     f"same score, so no test has a spread and the means alone decide")
     for row in rows:
-        if below_trivial(row):
-            metric, n = row["metric"], row["seeds"]
-            lines.append(f"{row['method']}: its trained clients score below their trivial predictors "
-                         f"({format_value(row['test'], metric, n)} against {format_value(row['trivial'], metric, n)}): "
-                         f"the model learned less than predicting each client's training "
-                         f"{'majority class' if higher_is_better(metric) else 'mean'}; check the features' "
-                         f"scales (graphfed inspect flags them; dataset.standardize: client fixes them)")
+        relation = row_versus_trivial(row)
+        if relation is None:
+            continue
+        metric, n = row["metric"], row["seeds"]
+        guess = f"each client's training {'majority class' if higher_is_better(metric) else 'mean'}"
+        scores = f"({format_value(row['test'], metric, n)} against {format_value(row['trivial'], metric, n)})"
+        if relation == "below":
+            lines.append(f"{row['method']}: its trained clients score below their trivial predictors {scores}: the "
+                         f"model learned less than predicting {guess}; check the features' scales (graphfed inspect "
+                         f"flags them; dataset.standardize: pooled, or client under DP, fixes them)")
+        else:
+            lines.append(f"{row['method']}: its trained clients score exactly their trivial predictors {scores}: "
+                         f"the model predicts what {guess} predicts and does not beat it, whatever its standing; "
+                         f"check the features' scales (graphfed inspect flags them)")
     return lines
 
 
@@ -294,9 +366,11 @@ def standings_json(rows: list[dict[str, Any]], test: str = "welch") -> dict[str,
                       "stopped": row.get("stopped", 0), "mean": None if row["test"] is None else row["test"][0],
                       "std": None if row["test"] is None else row["test"][1],
                       "trivial_mean": None if row["trivial"] is None else row["trivial"][0],
-                      "below_trivial": below_trivial(row),
+                      "below_trivial": below_trivial(row), "versus_trivial": row_versus_trivial(row),
                       "against_the_best": None if row.get("standing") is None else row["standing"].relation,
                       "p_value": None if row.get("standing") is None else row["standing"].p_value,
+                      "p_value_holm": None if row.get("standing") is None else row["standing"].p_holm,
+                      "degenerate": None if row.get("standing") is None else row["standing"].degenerate,
                       "seeds_needed": None if row.get("standing") is None else row["standing"].seeds_needed}
                      for row in rows]}
 
@@ -409,6 +483,7 @@ def per_client_over_seeds(results: Sequence[RunResult]) -> list[dict[str, Any]]:
     over it, each chosen metric (``train.metrics``) likewise, and its role: the practitioner's per-client rows.
     Clients are matched by name; a client that is novel under some seeds only says so."""
     higher = (results[0].metric or "accuracy") == "accuracy"
+    results = [in_declared_units(result) for result in results]
     chosen = chosen_metrics(results)
     names: list[str] = []
     for result in results:
@@ -420,10 +495,11 @@ def per_client_over_seeds(results: Sequence[RunResult]) -> list[dict[str, Any]]:
         trivial = _mean_std([entry.get("trivial_test") for entry in entries])
         gain = None if test is None or trivial is None else (test[0] - trivial[0] if higher else trivial[0] - test[0])
         novel = sum(bool(entry.get("novel")) for entry in entries)
+        relation = versus_trivial(None if test is None else test[0], None if trivial is None else trivial[0], higher)
         role = [*(["novel" if novel == len(entries) else f"novel in {novel} of {len(entries)} seeds"]
                   if novel else []),
                 *(["malicious"] if any(entry.get("malicious") for entry in entries) else []),
-                *(["below trivial"] if gain is not None and gain < 0 else []),
+                *([TRIVIAL_MARKS[relation].strip("()")] if relation else []),
                 *(["no graph neighbours"] if any(entry.get("no_graph_neighbours") for entry in entries) else [])]
         records.append({"client": name, "test": test, "trivial": trivial, "gain": gain,
                         "chosen": {m: _mean_std([entry.get(f"test_{m}") for entry in entries]) for m in chosen},
@@ -431,16 +507,16 @@ def per_client_over_seeds(results: Sequence[RunResult]) -> list[dict[str, Any]]:
     return records
 
 
-def per_client_cells(records: list[dict[str, Any]], metric: str) -> tuple[list[str], list[list[str]]]:
-    """:func:`per_client_over_seeds`'s rows as a printed table (accuracy in %, MSE as stored)."""
+def per_client_cells(records: list[dict[str, Any]], metric: str,
+                     units: str | None = None) -> tuple[list[str], list[list[str]]]:
+    """:func:`per_client_over_seeds`'s rows as a printed table (accuracy in %, errors in the declared ``units``)."""
     chosen = list(records[0]["chosen"]) if records else []
-    columns = ["client", f"test {metric_label(metric)}", "trivial", "gain over trivial",
-               *[f"test {name}" for name in chosen], "seeds", "role"]
+    columns = ["client", f"test {metric_label(metric, units)}", "trivial", "gain over trivial",
+               *[chosen_header(name, units) for name in chosen], "seeds", "role"]
     cells = [[record["client"], format_value(record["test"], metric, record["seeds"]),
               format_value(record["trivial"], metric, record["seeds"]),
-              "—" if record["gain"] is None else (f"{100 * record['gain']:+.2f}" if metric == "accuracy"
-                                                  else f"{record['gain']:+.4g}"),
-              *[format_score(record["chosen"][m], record["seeds"]) for m in chosen], str(record["seeds"]),
+              "—" if record["gain"] is None else signed(record["gain"], metric),
+              *[format_score(record["chosen"][m], record["seeds"], m) for m in chosen], str(record["seeds"]),
               record["role"]] for record in records]
     return columns, cells
 
@@ -463,26 +539,31 @@ def per_client_csv_rows(label: str, records: list[dict[str, Any]]) -> tuple[list
 
 
 def per_client_table(result: RunResult, limit: int | None = None) -> Any:
-    """The per-client rows as a rich table (accuracy in %, MSE as stored)."""
+    """The per-client rows as a rich table (accuracy in %, errors in the declared units: give it
+    :func:`in_declared_units`' result)."""
     from rich.table import Table
 
-    scale, fmt = (100.0, "{:.2f}") if result.metric == "accuracy" else (1.0, "{:.4g}")
+    metric = result.metric or "accuracy"
+    units = result.target_units if metric in LOWER_IS_BETTER and result.target_scale is None else None
 
     def cell(value: float | None) -> str:
-        return "—" if value is None else fmt.format(scale * value)
+        return "—" if value is None else f"{100 * value:.2f}" if metric == "accuracy" else plain(value)
+
+    def chosen_cell(name: str, value: float | None) -> str:
+        return "—" if value is None else plain(value) if name in LOWER_IS_BETTER else f"{value:.3f}"
 
     table = Table(title=f"{result.method} on {result.dataset}: each client at round {result.best_round} "
-                        f"({metric_label(result.metric or 'accuracy')}; trivial = majority class / mean target of "
-                        f"its own training rows)")
+                        f"({metric_label(metric, units)}; trivial = majority class / mean target of its own "
+                        f"training rows)")
     chosen = list(result.metrics or {})
-    for header in ("client", "val", "test", "trivial", "gain over trivial", *[f"test {m}" for m in chosen], "role"):
+    for header in ("client", "val", "test", "trivial", "gain over trivial",
+                   *[chosen_header(m, units) for m in chosen], "role"):
         table.add_column(header)
     rows = per_client_rows(result)
     for row in rows[:limit]:
-        extra = ["—" if row["metrics"].get(f"test_{m}") is None else f"{row['metrics'][f'test_{m}']:.4g}"
-                 for m in chosen]
-        table.add_row(row["client"], cell(row["val"]), cell(row["test"]), cell(row["trivial"]), cell(row["gain"]),
-                      *extra, row["role"])
+        extra = [chosen_cell(m, row["metrics"].get(f"test_{m}")) for m in chosen]
+        table.add_row(row["client"], cell(row["val"]), cell(row["test"]), cell(row["trivial"]),
+                      "—" if row["gain"] is None else signed(row["gain"], metric), *extra, row["role"])
     if limit is not None and len(rows) > limit:
         table.add_row(f"... {len(rows) - limit} more (--all)", *[""] * (5 + len(chosen)))
     return table

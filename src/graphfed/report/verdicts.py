@@ -103,6 +103,19 @@ class Comparison:
     factor: float | None = None  # set when this compares against a claimed ratio
 
 
+def holm_adjusted(p_values: Sequence[float]) -> list[float]:
+    """Holm's adjusted p-values: the k-th smallest p times (m - k + 1), made non-decreasing in that order and capped
+    at 1. A hypothesis is rejected at ``alpha`` by :func:`holm_rejections` exactly when its adjusted p is at most
+    ``alpha``, so the adjusted value is the one to print beside a decision."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted = [1.0] * len(p_values)
+    running = 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[index]))
+        adjusted[index] = running
+    return adjusted
+
+
 def holm_rejections(p_values: Sequence[float], alpha: float = ALPHA) -> list[bool]:
     """Holm's step-down procedure: which of the hypotheses are rejected, controlling the family-wise error."""
     order = sorted(range(len(p_values)), key=lambda i: p_values[i])
@@ -186,12 +199,21 @@ class Standing:
     p_value: float | None  # against the best, before Holm's correction
     seeds_needed: int | None  # undecided: seeds per method the observed difference would need (Welch, 80 % power,
     # at alpha / the number of comparisons)
+    p_holm: float | None = None  # Holm-adjusted across the comparisons with the best: what decides, and is shown
+    #: every seed of this method and every seed of the best gave one same score each: no spread, so no test has a
+    #: meaningful p (Welch's t is 0/0 or x/0); the relation follows the means alone
+    degenerate: bool = False
 
     def text(self) -> str:
-        """``best`` / ``worse (p = 0.003)`` / ``undecided (p = 0.41; ~9 seeds would decide)``."""
+        """``best`` / ``worse (p_Holm = 0.003)`` / ``undecided (p_Holm = 0.41; ~9 seeds would decide)``, or for
+        identical seeds on both sides ``worse (degenerate: ...)``."""
         if self.relation in ("best", "untested"):
             return self.relation
-        shown = f"p = {self.p_value:.2g}" if self.p_value is not None else "untested"
+        if self.degenerate:
+            return (f"{self.relation} (degenerate: every seed gave the same score on both sides, so the test has no "
+                    f"spread; " + ("the scores differ at every seed)" if self.relation == "worse"
+                                   else "the scores are equal)"))
+        shown = f"p_Holm = {self.p_holm:.2g}" if self.p_holm is not None else "untested"
         if self.relation == "undecided" and self.seeds_needed is not None:
             shown += f"; ~{self.seeds_needed} seeds would decide"
         return f"{self.relation} ({shown})"
@@ -212,6 +234,7 @@ def standings(scores: dict[str, Sequence[float]], higher_is_better: bool,
     p_values = [p_value(scored[best], scored[name], test) for name in others]
     rejected = dict(zip(others, holm_rejections(p_values), strict=True))
     tested = dict(zip(others, p_values, strict=True))
+    adjusted = dict(zip(others, holm_adjusted(p_values), strict=True))
     result = []
     for name in scores:
         values = scored.get(name)
@@ -221,10 +244,19 @@ def standings(scores: dict[str, Sequence[float]], higher_is_better: bool,
             result.append(Standing(name, "best" if others else "untested", fmean(values), len(values), None, None))
         else:
             worse = rejected[name]
+            degenerate = identical_seeds(scored[best]) and identical_seeds(values)
             # planned at the level Holm's first step asks of each (alpha / comparisons): enough for any of them
             result.append(Standing(name, "worse" if worse else "undecided", fmean(values), len(values), tested[name],
-                                   None if worse else seeds_needed(scored[best], values, ALPHA / len(others))))
+                                   None if worse or degenerate else seeds_needed(scored[best], values,
+                                                                                 ALPHA / len(others)),
+                                   adjusted[name], degenerate))
     return result
+
+
+def identical_seeds(values: Sequence[float]) -> bool:
+    """At least two seeds, all with the same score: a sample without spread (a deterministic method on a federation
+    that no seed re-splits)."""
+    return len(values) > 1 and sample_std(values) == 0
 
 
 def verdict(comparisons: Sequence[Comparison]) -> str:
@@ -261,5 +293,5 @@ def with_seeds_to_decide(verdict_text: str, seeds: int | None) -> str:
 
 
 __all__ = ["ALPHA", "TESTS", "TEST_NAME", "Comparison", "Standing", "compare_against", "factor_comparison",
-           "holm_rejections", "p_value", "sample_std", "seeds_needed", "seeds_to_decide", "standings", "verdict",
-           "welch_p_value", "with_seeds_to_decide"]
+           "holm_adjusted", "holm_rejections", "identical_seeds", "p_value", "sample_std", "seeds_needed",
+           "seeds_to_decide", "standings", "verdict", "welch_p_value", "with_seeds_to_decide"]

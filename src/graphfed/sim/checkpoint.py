@@ -80,6 +80,16 @@ def state_of(sim: Simulator, completed_rounds: int) -> dict[str, Any]:
             **({"in_flight": sim.arrivals.state()} if len(sim.participation.straggler_ids) else {})}
 
 
+def novel_state_of(sim: Simulator, trained_method: dict[str, Any], steps: int) -> dict[str, Any]:
+    """A checkpoint between two steps of a private run's novel-client adaptation: the run after its last round
+    (``trained_method``: the method's state before the adaptation began, what the run reports) and the adaptation
+    after ``steps`` steps (the adapted method and its scratch state), so a resume continues it."""
+    method = sim.setup.method
+    return {**state_of(sim, sim.config.train.rounds), "method": trained_method,
+            "novel_adaptation": {"steps": steps, "method": method.state_dict(),
+                                 "scratch": method.novel_adaptation_state()}}
+
+
 def restore(sim: Simulator, state: dict[str, Any]) -> int:
     """Load ``state`` (a checkpoint's) into ``sim``; the rounds it completed. CheckpointError (one line) when the
     state is not this run's or does not fit it."""
@@ -121,6 +131,14 @@ def restore(sim: Simulator, state: dict[str, Any]) -> int:
         setattr(sim.tracker, key, value)
     sim.tracker.select_last = sim.privacy.active and sim.privacy.model_selection == "last"
     sim.ledger = _resumed_ledger(sim, state.get("privacy_ledger"))
+    progress = state.get("novel_adaptation")
+    if progress is not None:
+        if not (isinstance(progress, dict) and isinstance(progress.get("steps"), int)
+                and isinstance(progress.get("method"), dict) and isinstance(progress.get("scratch"), dict)
+                and completed == sim.config.train.rounds):
+            raise CheckpointError("--resume: the checkpoint's novel-client adaptation is not readable; it was not "
+                                  "written by this graphfed run")
+        sim.novel_progress = progress
     return int(completed)
 
 

@@ -15,6 +15,7 @@ in one batched call each.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import math
 import time
@@ -78,8 +79,6 @@ class Simulator:
         self.config = config
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.progress = progress
-        #: rounds between checkpoints (the Flower engine passes ``flower.checkpoint_every``)
-        self.checkpoint_every = checkpoint_every or config.train.checkpoint_every
         self.setup = build_setup(config, federation)
         fed = self.setup.federation
         # `executor` builds where clients run (e.g. Flower nodes); default: in this process, vectorised.
@@ -90,6 +89,11 @@ class Simulator:
             raise ConfigError(f"select_by: {select_by!r} (the folder's meta.yaml) is not scored; use {fed.metric} or "
                               f"one of its metrics: {', '.join(self.metrics) or 'none given'}")
         self.privacy = self.setup.clients.privacy
+        #: rounds between checkpoints (the Flower engine passes ``flower.checkpoint_every``); a private run's after
+        #: every round, so that a resume loses at most the round in flight (its releases are never made again)
+        self.checkpoint_every = 1 if self.privacy.active else checkpoint_every or config.train.checkpoint_every
+        #: a resumed run's novel-client adaptation in progress (the checkpoint's ``novel_adaptation``), or None
+        self.novel_progress: dict[str, Any] | None = None
         self.tracker = Tracker(higher_is_better=HIGHER_IS_BETTER[select_by],
                                key="val_mean" if select_by == fed.metric else f"val_{select_by}_mean",
                                select_last=self.privacy.active and self.privacy.model_selection == "last")
@@ -109,7 +113,8 @@ class Simulator:
             self.setup.method.server_privacy = ServerGradientPrivacy(
                 self.privacy, self.clients_per_round, self.noise, self.setup.method.server_steps_per_round())
         self.noise_check = NoiseCheck(self.privacy, self.setup.clients.init_weights, self.clients_per_round,
-                                      config.train.rounds, self.setup.method.server_privacy is None)
+                                      config.train.rounds, self.setup.method.server_privacy is None,
+                                      all_take_part=self.clients_per_round >= self.num_train_clients)
         self.participation = Participation(config, self.setup, self.privacy, self.noise, self.clients_per_round)
         self.arrivals = Arrivals(config, self.setup, self.participation.straggler_ids)
         self.traffic = Traffic(self.setup, self.privacy, self.clients_per_round)
@@ -153,8 +158,9 @@ class Simulator:
         result: TrainResult = (                                                             # train
             (yield Train(client_ids, sent, round_index, "local_training", broadcast=broadcast)) if len(client_ids)
             else TrainResult.nothing(spec.dim, sent.device))
-        if self.privacy.mechanism == "local":
+        if self.privacy.mechanism == "local":  # the noised uploads are made: on disk before anything else
             self.ledger.count_uploads(result.client_ids)
+            self._record_ledger(rounds=round_index + 1)
         names = self.setup.federation.client_names
         if self.config.train.dropout > 0:                                                  # what arrives
             result, lost = self.arrivals.lose(result, round_index)
@@ -172,8 +178,11 @@ class Simulator:
             method.server_privacy.begin_round(round_index)  # central DP inside the method's server step (DP-SGD)
             method.update(result.client_ids, started, result.delta, result.metrics)
         elif central:  # the method learns from the one release; an empty cohort releases the noise alone
-            if (warning := self.noise_check.measure(result.delta)) is not None:
-                log.warning(warning)
+            measured = self.noise_check.measure(result.delta)
+            if measured is not None and self.out_dir is not None:  # raw updates: never the log or the summary
+                runs.atomic_write_text(self.out_dir / runs.PRIVATE_DIAGNOSTICS,
+                                       json.dumps({"noise_check": {"round": round_index + 1, **measured}}, indent=1)
+                                       + "\n")
             released, next_clip = central_release(result, self.privacy, self.noise, tracker.clip_norm,
                                                   self.clients_per_round, round_index)
             tracker.clip_norm = next_clip if next_clip is not None else tracker.clip_norm
@@ -182,7 +191,7 @@ class Simulator:
             method.update(result.client_ids, started, result.delta, result.metrics)
         if central:
             self.ledger.central_releases += 1
-        self._record_ledger()
+            self._record_ledger(rounds=round_index + 1)
         tracker.bytes_up += self.traffic.up(result)
         if central:  # the cohort and its losses are private: neither is released
             return {"train_loss": None, "clients": None}
@@ -196,9 +205,12 @@ class Simulator:
     def run_round(self, round_index: int) -> dict[str, float | None]:
         return drive(self.round_steps(round_index), self.executor)
 
-    def _record_ledger(self) -> None:
-        """A private run's releases, in the run folder after every round (a run interrupted between checkpoints
-        still counts what it released)."""
+    def _record_ledger(self, rounds: int | None = None, novel_steps: int | None = None) -> None:
+        """A private run's releases, in the run folder as soon as they are made (``rounds``: the training rounds,
+        ``novel_steps``: the adaptation steps released so far): an interrupted run still counts them, and its resume
+        starts after them."""
+        self.ledger.rounds = self.ledger.rounds if rounds is None else rounds
+        self.ledger.novel_steps = self.ledger.novel_steps if novel_steps is None else novel_steps
         if self.privacy.active and self.out_dir is not None:
             runs.atomic_write_text(self.out_dir / runs.PRIVACY_LEDGER, self.ledger.to_json())
 
@@ -229,22 +241,47 @@ class Simulator:
                      "client's raw update, outside the noised sum")
             return None, None
         saved = copy.deepcopy(method.state_dict())
+        private = self.privacy.mechanism == "local"
         try:
-            method.begin_novel_adaptation(novel_ids)
-            for step in range(rounds):
+            first = self._begin_novel_adaptation(novel_ids)
+            for step in range(first, rounds):
                 sent = method.personalize(novel_ids).detach()
                 result = yield Train(novel_ids, sent, step, "novel")
-                if self.privacy.mechanism == "local":  # noised where they are made, as training uploads are
+                if private:  # noised where they are made, as training uploads are; on disk before anything else
                     self.ledger.count_uploads(result.client_ids)
-                    self._record_ledger()  # on disk before the next release: an interrupt here still counts it
+                    self._record_ledger(novel_steps=step + 1)
                 check_update(result.delta, result.client_ids, self.setup.spec.dim, step, fed.client_names,
                              self.privacy.mechanism)
                 if len(result.client_ids):
                     method.adapt_novel(result.client_ids, sent[result.rows], result.delta)
+                if private and self.out_dir is not None:  # a resume continues after this step, never repeats it
+                    checkpoint.save_checkpoint(self.out_dir, checkpoint.novel_state_of(self, saved, step + 1))
             scores = yield Evaluate(novel_ids, method.eval_weights(novel_ids), rounds)
             return mean_std(scores["test"].metric)
         finally:
             method.load_state_dict(saved)
+
+    def _begin_novel_adaptation(self, novel_ids: torch.Tensor) -> int:
+        """Begin the adaptation, or continue the one a resumed checkpoint holds; the first step to run. Under DP it
+        is after the last step whose uploads were made (the ledger's count, which may be past the checkpoint's: those
+        steps' uploads were made and their effect lost, and they are not made again)."""
+        method, progress = self.setup.method, self.novel_progress
+        if progress is None:
+            method.begin_novel_adaptation(novel_ids)
+            first = 0
+        else:
+            method.load_state_dict(progress["method"])
+            method.resume_novel_adaptation(novel_ids, progress["scratch"])
+            first = int(progress["steps"])
+        if self.ledger.novel_steps > first:
+            log.warning("novel-client adaptation: the uploads of step(s) %d-%d were made before the interrupt and "
+                        "their effect was lost; they are not made again (they count)", first + 1,
+                        self.ledger.novel_steps)
+            first = self.ledger.novel_steps
+        if progress is not None or first:
+            log.info("novel-client adaptation resumed after step %d of %d", first,
+                     self.config.train.novel_adapt_rounds)
+        return first
 
     def evaluate_novel_adapted(self) -> tuple[float | None, float | None]:
         return drive(self.novel_steps(), self.executor)
@@ -368,17 +405,18 @@ class Simulator:
         the folder changes."""
         cfg, fed, method = self.config, self.setup.federation, self.setup.method
         rounds_log = runs.RoundLog(self.out_dir) if self.out_dir else None
-        start_round = 0
+        start_round = checkpointed = 0
         if resume and self.out_dir:
             # onto this run's device, whichever device wrote it (GPU -> CPU and back)
-            start_round = checkpoint.resume(self, self.out_dir)
+            start_round = checkpointed = checkpoint.resume(self, self.out_dir)
+            start_round = self._after_the_last_release(checkpointed)
         if claim is not None:
             claim.start()
         if self.out_dir and rounds_log:
             for stale in runs.remove_stale_temporaries(self.out_dir):
                 log.info("removed %s, left by an interrupted write", stale)
-            if resume:
-                rounds_log.truncate_after(start_round)
+            if resume:  # evaluations after the checkpoint scored a state the resume does not have
+                rounds_log.truncate_after(checkpointed)
                 log.info("resuming %s from round %d", self.out_dir, start_round)
             else:
                 rounds_log.reset()
@@ -394,6 +432,19 @@ class Simulator:
             callback.begin(history)
         self._segment_start = self.clock()
         return start_round, history, callbacks
+
+    def _after_the_last_release(self, checkpointed: int) -> int:
+        """The round a resume starts from: after the checkpoint's, or under DP after the last round whose releases
+        the ledger counts, when the interrupted process made releases after its last checkpoint (their effect is
+        lost with it; running them again would release them twice, beyond what the noise was sized for)."""
+        released = self.ledger.rounds
+        if not self.privacy.active or released <= checkpointed:
+            return checkpointed
+        log.warning("round(s) %d-%d released their updates before the interrupt but after the last checkpoint: they "
+                    "are not run again (their releases count); training goes on from round %d with the model of "
+                    "round %d", checkpointed + 1, released, released + 1, checkpointed)
+        return released
+
 
 def run_config(config: RunConfig, out_dir: str | Path | None = None, resume: bool = False,
                progress: bool = True, federation: Federation | None = None) -> RunResult:

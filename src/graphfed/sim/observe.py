@@ -25,6 +25,7 @@ from graphfed.client.metrics import BINARY_ONLY, CLASSIFICATION_METRICS, REGRESS
 from graphfed.client.metrics import client_metrics as score_metrics
 from graphfed.client.privacy import REPRODUCIBLE_WARNING
 from graphfed.config import ConfigError, RunConfig
+from graphfed.data.federation import Federation
 from graphfed.setup import Setup
 from graphfed.sim import checkpoint
 from graphfed.sim.tracking import RunTracker
@@ -215,6 +216,9 @@ def check_metrics(config: RunConfig, setup: Setup, executor: ClientExecutor) -> 
 def announce(sim: Any) -> None:
     """Say once what the run is: the method's notes, novel, late and malicious clients, architectures."""
     cfg, fed = sim.config, sim.setup.federation
+    if fed.task_reason:  # a folder's targets read as labels or as numbers, and how to declare the other
+        reason = f"{fed.name} is read as {fed.task_reason.removeprefix('warning: ')}"
+        (log.warning if fed.task_reason.startswith("warning: ") else log.info)(reason)
     for note in sim.setup.method.notes:
         log.info(note)
     if sim.privacy.active and sim.privacy.reproducible:
@@ -223,6 +227,10 @@ def announce(sim: Any) -> None:
         log.info(sim.noise_check.statement)
     if sim.noise_check.warning:
         log.warning(sim.noise_check.warning)
+    if not sim.noise_check.measured:  # central DP: the measurement of raw updates goes where no reader looks
+        log.info("the first cohort's median update norm against the noise is written to %s only: a statistic of a "
+                 "secret cohort's raw updates, outside the guarantee (do not share that file)",
+                 runs.PRIVATE_DIAGNOSTICS)
     novel = [fed.client_names[int(i)] for i in fed.novel_client_ids]
     if novel:
         log.info("novel clients (held out of training): %s%s", ", ".join(novel[:20]),
@@ -357,12 +365,33 @@ class BestModels(RunCallback):
         fed, spec, cfg = sim.setup.federation, sim.setup.spec, sim.config
         model = {"name": cfg.model.name, "options": dict(cfg.model.options), "input_shape": list(fed.input_shape),
                  "output_dim": fed.output_dim, "task": fed.task, "dataset": fed.name, "method": cfg.method.name,
-                 "param_names": spec.names, "param_shapes": [list(tensor.shape) for tensor in spec.tensors]}
+                 "param_names": spec.names, "param_shapes": [list(tensor.shape) for tensor in spec.tensors],
+                 "inputs": deployment_inputs(fed), "outputs": deployment_outputs(fed)}
         runs.save_models(sim.out_dir, self.pending, fed.client_names, sim.tracker.best["round"], model)
         self.pending = None
 
     def end(self, result: runs.RunResult) -> None:
         self.save()
+
+
+def deployment_inputs(fed: Federation) -> dict[str, Any]:
+    """What lies between a raw row and a client's network: ``dataset.standardize``'s statistics (``[N, F]`` float64,
+    every client's row) and the features' names."""
+    scaling = fed.input_scaling
+    inputs: dict[str, Any] = {"standardize": "none" if scaling is None else scaling.how,
+                              "feature_names": list(fed.feature_names) if fed.feature_names else None}
+    if scaling is not None:
+        inputs.update(mean=scaling.mean.to("cpu", torch.float64), spread=scaling.spread.to("cpu", torch.float64))
+    return inputs
+
+
+def deployment_outputs(fed: Federation) -> dict[str, Any]:
+    """What lies between a client's network and its answer: the task, the class names, and the declared target
+    units (data units per stored unit and their name; both or neither, as every table converts)."""
+    declared = fed.target_scale is not None and fed.target_units is not None
+    return {"task": fed.task, "class_names": list(fed.class_names) if fed.class_names else None,
+            "target_scale": fed.target_scale if declared else None,
+            "target_units": fed.target_units if declared else None}
 
 
 class Checkpointer(RunCallback):

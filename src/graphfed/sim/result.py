@@ -12,6 +12,7 @@ import torch
 from graphfed import runs
 from graphfed.client.metrics import HIGHER_IS_BETTER
 from graphfed.provenance import run_code
+from graphfed.report.tables import plain, unit_factor, versus_trivial
 from graphfed.runs import RunResult
 from graphfed.setup import run_roots
 from graphfed.sim.observe import finite, mean_std
@@ -43,20 +44,31 @@ def isolated_novel_clients(sim: Simulator) -> set[int]:
     return {int(client) for client, total in zip(fed.novel_client_ids, links, strict=True) if float(total) == 0}
 
 
-def flags(metric: str, per_client: dict[str, dict[str, Any]]) -> list[str]:
-    """One sentence per thing a reader of this run's numbers must know (logged at the end of the run)."""
+def flags(metric: str, per_client: dict[str, dict[str, Any]], target_scale: float | None = None,
+          target_units: str | None = None) -> list[str]:
+    """One sentence per thing a reader of this run's numbers must know (logged at the end of the run); scores as
+    the tables print them (accuracy in %, errors in the units the federation declares)."""
     higher = HIGHER_IS_BETTER[metric]
+    declared = target_scale is not None and target_units is not None and not higher
+
+    def shown(value: float) -> str:
+        if metric == "accuracy":
+            return f"{100 * value:.2f} %"
+        if declared:
+            squared = "²" if metric == "mse" else ""
+            return f"{plain(value * unit_factor(metric, target_scale or 1.0))} ({target_units}){squared}"
+        return plain(value)
     novel = {name: scores for name, scores in per_client.items() if scores.get("novel")}
     trained = {name: scores for name, scores in per_client.items() if not scores.get("novel")}
     isolated = [name for name, scores in novel.items() if scores.get("no_graph_neighbours")]
 
-    def below_trivial(clients: dict[str, dict[str, Any]]) -> list[str]:
-        return [f"{name} ({scores['test']:.4g} against {scores['trivial_test']:.4g})"
+    def against_trivial(clients: dict[str, dict[str, Any]], relation: str) -> list[str]:
+        return [f"{name} ({shown(scores['test'])} against {shown(scores['trivial_test'])})"
                 for name, scores in clients.items()
-                if scores.get("test") is not None and scores.get("trivial_test") is not None
-                and (scores["test"] < scores["trivial_test"] if higher else scores["test"] > scores["trivial_test"])]
+                if versus_trivial(scores.get("test"), scores.get("trivial_test"), higher) == relation]
 
-    below, trained_below = below_trivial(novel), below_trivial(trained)
+    below, trained_below = against_trivial(novel, "below"), against_trivial(trained, "below")
+    trained_ties = against_trivial(trained, "ties")
 
     def listed(names: list[str]) -> str:
         return ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
@@ -70,7 +82,13 @@ def flags(metric: str, per_client: dict[str, dict[str, Any]]) -> list[str]:
     if trained_below:
         found.append(f"trained client(s) scoring below their trivial predictor {predictor}: {len(trained_below)} of "
                      f"{len(trained)}, {listed(trained_below)}; the model learned less than that guess (check the "
-                     f"features' scales: graphfed inspect flags them, dataset.standardize: client fixes them)")
+                     f"features' scales: graphfed inspect flags them, dataset.standardize: pooled, or client under "
+                     f"DP, fixes them)")
+    scored = [scores for scores in trained.values() if scores.get("test") is not None]
+    if scored and len(trained_ties) == len(scored):
+        found.append(f"every trained client scores exactly its trivial predictor {predictor}: the model predicts "
+                     f"what that guess predicts and beats it nowhere (check the features' scales: graphfed inspect "
+                     f"flags them)")
     if below:
         found.append(f"novel client(s) scoring below their trivial predictor {predictor}: {listed(below)}")
     return found
@@ -90,9 +108,14 @@ def per_client(sim: Simulator, best: dict[str, Any]) -> dict[str, Any]:
               "min_delta": sim.config.train.min_delta} if sim.stopped_early is not None else None)
     chosen = {metric: {"val_mean": best.get(f"val_{metric}_mean"), "test_mean": best.get(f"test_{metric}_mean")}
               for metric in sim.metrics}
-    noise = [sim.noise_check.warning] if sim.noise_check.warning else []  # the pre-flight's: every reader needs it
-    return {"per_client": clients, "flags": flags(fed.metric, clients) + noise,
-            "trivial_test_mean": mean_std(sim.trivial[fed.train_client_ids])[0], "stopped_early": early,
+    # the pre-flight's warning, a flag where the scores bear it out (it is in the log and privacy.noise_check anyway)
+    trivial_mean = mean_std(sim.trivial[fed.train_client_ids])[0]
+    learned = versus_trivial(best.get("test_mean"), trivial_mean, HIGHER_IS_BETTER[fed.metric]) is None
+    noise = (["the trained clients do not beat their trivial predictors, as the privacy pre-flight warned before "
+              "round 1 (privacy.noise_check.warning names what lowers the noise)"]
+             if sim.noise_check.warning and not learned else [])
+    return {"per_client": clients, "flags": flags(fed.metric, clients, fed.target_scale, fed.target_units) + noise,
+            "trivial_test_mean": trivial_mean, "stopped_early": early,
             "target_scale": fed.target_scale, "target_units": fed.target_units,
             "models_note": sim.models_note, "metrics": chosen or None, "select_by": sim.select_by}
 
@@ -108,14 +131,29 @@ def privacy_record(sim: Simulator) -> dict[str, Any]:
         record["epsilon"] = plan.epsilon_of_rounds(ledger.central_releases)
         if sim.tracker.clip_norm is not None:
             record["final_clip_norm"] = sim.tracker.clip_norm
-        return record
-    fed = sim.setup.federation
-    uploaded = [i for i in range(fed.num_clients) if not fed.novel_mask[i] or ledger.uploads.get(i)]
-    epsilons = {fed.client_names[i]: plan.epsilon_of_rounds(ledger.uploads.get(i, 0)) for i in uploaded}
-    values = sorted(epsilons.values())
-    record.update(epsilon_max=values[-1], epsilon_median=values[len(values) // 2], per_client_epsilon=epsilons,
-                  uploads_released=sum(ledger.uploads.values()))
+        spent = {"every client": record["epsilon"]}
+    else:
+        fed = sim.setup.federation
+        uploaded = [i for i in range(fed.num_clients) if not fed.novel_mask[i] or ledger.uploads.get(i)]
+        spent = {fed.client_names[i]: plan.epsilon_of_rounds(ledger.uploads.get(i, 0)) for i in uploaded}
+        values = sorted(spent.values())
+        record.update(epsilon_max=values[-1], epsilon_median=values[len(values) // 2], per_client_epsilon=spent,
+                      uploads_released=sum(ledger.uploads.values()))
+    if plan.target_epsilon is not None:
+        record["above_target"] = plan.above_target(spent)
     return record
+
+
+def target_flags(record: dict[str, Any] | None) -> list[str]:
+    """The flag of a private run whose clients spent more than its ``privacy.target_epsilon`` (the CLI also ends
+    such a run with a closing line and exit 6)."""
+    above = (record or {}).get("above_target")
+    if not above:
+        return []
+    shown = ", ".join(f"{name} ε {value:.3g}" for name, value in list(above.items())[:10])
+    more = f" and {len(above) - 10} more" if len(above) > 10 else ""
+    return [f"privacy budget exceeded: {shown}{more} above privacy.target_epsilon {record['target_epsilon']:g} "
+            f"(the releases in privacy.json are more than the noise was sized for)"]
 
 
 def graph_record(sim: Simulator) -> dict[str, Any]:
@@ -132,6 +170,9 @@ def build_result(sim: Simulator, history: list[dict[str, Any]], status: str,
     best = tracker.best or {}
     last = history[-1] if history else {}
     late_ids, straggler_ids = sim.participation.late_ids, sim.participation.straggler_ids
+    privacy = privacy_record(sim) if sim.privacy.active else None
+    clients = per_client(sim, best)
+    clients["flags"] += target_flags(privacy)
     return RunResult(**{
         "schema_version": runs.SCHEMA_VERSION,
         "method": cfg.method.name, "dataset": fed.name, "metric": fed.metric, "seed": cfg.seed,
@@ -155,7 +196,7 @@ def build_result(sim: Simulator, history: list[dict[str, Any]], status: str,
         **{key: best.get(key) for key in ROBUSTNESS_FIELDS},
         "defense": cfg.defense.model_dump(mode="json"),
         "best_round": best.get("round"), "final_test_mean": last.get("test_mean"),
-        **per_client(sim, best),
+        **clients,
         "rounds": last.get("round", 0), "num_clients": fed.num_clients,
         "clients_per_round": sim.clients_per_round,
         "num_novel_clients": len(fed.novel_client_ids), "num_params": setup.spec.dim,
@@ -173,7 +214,7 @@ def build_result(sim: Simulator, history: list[dict[str, Any]], status: str,
            if len(straggler_ids) else {}),
         "scored_clients": best.get("scored_clients"), "training_clients": sim.num_train_clients,
         "unscored_clients": best.get("unscored_clients", []),
-        **({"privacy": privacy_record(sim)} if sim.privacy.active else {}),
+        **({"privacy": privacy} if privacy is not None else {}),
         "wall_seconds": round(tracker.elapsed, 3),
         "bytes_up": tracker.bytes_up, "bytes_down": tracker.bytes_down,
         "peak_rss_mb": peak_rss_mb(), "torch_threads": cfg.torch_threads,
@@ -187,4 +228,4 @@ def build_result(sim: Simulator, history: list[dict[str, Any]], status: str,
     })
 
 
-__all__ = ["ROBUSTNESS_FIELDS", "build_result", "flags", "peak_rss_mb"]
+__all__ = ["ROBUSTNESS_FIELDS", "build_result", "flags", "peak_rss_mb", "target_flags"]

@@ -183,35 +183,40 @@ def central_release(result: TrainResult, plan: PrivacyPlan, noise: NoiseSource, 
 
 
 class NoiseCheck:
-    """The pre-flight of a private run whose server learns from the mean of the updates: before round 1 it states
-    the noise on each release against the clip (and warns when even updates at the clip could not outweigh it);
-    at the first central release it measures the cohort's median update norm (the trusted server sees the updates)
-    and warns, once, when the noise outweighs what such updates can add up to. Its lines go to the log and to
-    ``summary.json`` (``privacy.noise_check``)."""
+    """The pre-flight of a private run whose server learns from the mean of the updates, from public quantities only
+    (the plan, the model's size and initial weights, the planned cohort): before round 1 it states the noise on each
+    release against the clip, and warns when even updates at the clip could not outweigh it. Its lines go to the log
+    and to ``summary.json`` (``privacy.noise_check``).
+
+    Under central DP the trusted server also measures the first cohort's median update norm against the noise
+    (:meth:`measure`). That is a statistic of a secret cohort's raw updates, with no finite epsilon (one client in or
+    out moves it), so it never reaches a shareable output: the engine writes it to ``private_diagnostics.json``,
+    which the run lists outside the guarantee."""
 
     def __init__(self, plan: PrivacyPlan, init_weights: torch.Tensor, clients_per_round: int, rounds: int,
-                 learns_from_mean: bool = True) -> None:
+                 learns_from_mean: bool = True, all_take_part: bool = False) -> None:
         self.plan, self.dim, self.cohort, self.rounds = plan, init_weights.numel(), clients_per_round, rounds
+        self.all_take_part = all_take_part
         self.weight_rms = float(init_weights.float().square().mean().sqrt())
         checked = plan.active and learns_from_mean  # a DP-SGD server's noise is on its own gradient, not a mean
         self.measured = plan.mechanism != "central" or not checked  # local: the server sees noised uploads only
         self.statement = noise_statement(plan, self.dim, clients_per_round) if checked else None
-        self.warning = (noise_warning(plan, self.dim, clients_per_round, rounds, self.weight_rms) if checked
-                        else None)
+        self.warning = (noise_warning(plan, self.dim, clients_per_round, rounds, self.weight_rms,
+                                      all_take_part=all_take_part) if checked else None)
 
-    def measure(self, delta: torch.Tensor) -> str | None:
-        """The warning the first cohort's updates give (None: none, or measured already)."""
+    def measure(self, delta: torch.Tensor) -> dict[str, float | str | None] | None:
+        """The first cohort's median update norm and the warning it gives (None where nothing was measured: not
+        central, measured already, or an empty cohort): for ``private_diagnostics.json`` only."""
         if self.measured or not len(delta):
             return None
         self.measured = True
         typical = float(torch.linalg.vector_norm(delta.float(), dim=1).median())
-        warning = noise_warning(self.plan, self.dim, self.cohort, self.rounds, self.weight_rms, typical)
-        if warning is not None and warning != self.warning:
-            self.warning = warning
-            return warning
-        return None
+        return {"median_update_norm": typical, "clip_norm": self.plan.clip_norm,
+                "warning": noise_warning(self.plan, self.dim, self.cohort, self.rounds, self.weight_rms, typical,
+                                         self.all_take_part)}
 
     def record(self) -> dict[str, str | None]:
+        """What ``summary.json`` says (public quantities only)."""
         return {"statement": self.statement, "warning": self.warning}
 
 

@@ -44,10 +44,11 @@ META_FILE = "meta.yaml"
 GRAPH_FILE = "graph.csv"
 CLIENTS_DIR = "clients"
 META_KEYS: tuple[str, ...] = ("task", "metric", "name", "description", "features", "target", "target_scale",
-                               "target_units", "metrics", "select_by")
+                               "target_units", "classes", "metrics", "select_by")
 TASK_METRIC: dict[str, Metric] = {"classification": "accuracy", "regression": "mse"}
 METRIC_TASK: dict[str, Task] = {"accuracy": "classification", "mse": "regression"}
 DEFAULT_TARGET = "y"  # the CSV target column when meta.yaml names none
+AMBIGUOUS_TASK = "warning: "  # how a task reason starts where the data could be read as either task
 GRAPH_HEADERS = (["src", "dst"], ["src", "dst", "weight"])
 _LISTED = 8  # names an error message lists before "..."; a 3,000-client federation must still give one line
 
@@ -73,6 +74,8 @@ class FolderMeta:
     #: none), and the one that picks the reported round (``train.select_by``); checked against the task by the engine
     metrics: tuple[str, ...] = ()
     select_by: str | None = None
+    #: classification: the name of each label, label k's at index k (what predictions and exports answer with)
+    classes: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -105,6 +108,11 @@ class FolderFederation:
     output_dim: int  # classes, or flattened target size
     edges: np.ndarray | None  # [E, 2] int64 client indices; None = no graph.csv
     weights: np.ndarray | None  # [E] float32
+    #: why the folder is read as its task, in words (meta.yaml, integer labels, or float targets), with how to
+    #: declare the other; it starts with "warning:" where the data could be read either way
+    task_reason: str = ""
+    #: the feature columns' names (meta.yaml ``features``, else the CSV header), None for npz without meta.yaml
+    feature_names: tuple[str, ...] | None = None
 
 
 def _error(where: Path | str, message: str) -> FederationFormatError:
@@ -188,12 +196,23 @@ def read_meta(root: Path) -> FolderMeta:
     select_by = data.get("select_by")
     if select_by is not None and not (isinstance(select_by, str) and select_by.strip()):
         raise _error(path, f"select_by must be a metric name, got {select_by!r}")
+    classes = data.get("classes")
+    if classes is not None:
+        if (not isinstance(classes, list) or len(classes) < 2
+                or not all(isinstance(c, str | int) and str(c).strip() for c in classes)):
+            raise _error(path, f"classes must be a list of at least two class names (label k's at position k), got "
+                               f"{classes!r}")
+        if len({str(c) for c in classes}) != len(classes):
+            raise _error(path, "classes names a class twice")
+        if task == "regression" or metric == "mse":
+            raise _error(path, "classes apply to classification labels only")
     # A metric alone settles the task: metric mse means the targets are regression targets.
     resolved_task: Task | None = task if task is not None else (METRIC_TASK[metric] if metric is not None else None)
     return FolderMeta(task=resolved_task, metric=metric, name=data.get("name"), description=data.get("description"),
                       features=tuple(features) if features is not None else None, target=target,
                       target_scale=None if scale is None else float(scale), target_units=units,
-                      metrics=tuple(metrics), select_by=select_by)
+                      metrics=tuple(metrics), select_by=select_by,
+                      classes=tuple(str(c) for c in classes) if classes is not None else None)
 
 
 # ---- clients/ and the split files ---------------------------------------------------------------------------
@@ -467,6 +486,11 @@ def read_federation_folder(root: str | Path) -> FolderFederation:
 
     # Integer targets mean labels unless meta.yaml says otherwise: the common case needs no meta.yaml.
     task: Task = meta.task or ("classification" if all(a.y_integer for a in everything) else "regression")
+    task_reason = _task_reason(meta, everything, task)
+    if meta.classes is not None and task == "regression":
+        raise _error(root / META_FILE, f"classes name class labels, but the targets read as regression targets "
+                                       f"({task_reason.removeprefix(AMBIGUOUS_TASK).split(';')[0]}); set task: "
+                                       f"classification")
     if task == "classification":
         for arrays in everything:
             arrays.y = _check_labels(arrays)
@@ -477,6 +501,12 @@ def read_federation_folder(root: str | Path) -> FolderFederation:
             worst = max(everything, key=lambda arrays: int(arrays.y.max()))
             raise _error(worst.path, f"label {output_dim - 1} means {output_dim:,} classes for {labelled:,} labelled "
                                      f"rows; labels must be 0..C-1")
+        if meta.classes is not None:
+            if output_dim > len(meta.classes):
+                worst = max(everything, key=lambda arrays: int(arrays.y.max()))
+                raise _error(worst.path, f"label {output_dim - 1}, but meta.yaml names {len(meta.classes)} classes "
+                                         f"(labels 0..{len(meta.classes) - 1})")
+            output_dim = len(meta.classes)  # a class no client holds yet is still a class the model answers
         if output_dim < 2:
             raise _error(root / CLIENTS_DIR, "every label is 0; classification needs at least two classes")
     else:
@@ -490,7 +520,29 @@ def read_federation_folder(root: str | Path) -> FolderFederation:
     return FolderFederation(
         root=root, meta=meta, client_ids=client_ids, splits=splits, task=task, metric=TASK_METRIC[task],
         input_shape=tuple(int(d) for d in reference.x.shape[1:]), output_dim=output_dim,
-        edges=graph[0] if graph is not None else None, weights=graph[1] if graph is not None else None)
+        edges=graph[0] if graph is not None else None, weights=graph[1] if graph is not None else None,
+        task_reason=task_reason, feature_names=meta.features if meta.features is not None else reference.columns)
+
+
+def _task_reason(meta: FolderMeta, everything: list[SplitArrays], task: Task) -> str:
+    """Why the folder is read as ``task``: what a user needs to see when the data could be read either way
+    (labels 0.0 / 1.0 stored as floats read as regression targets)."""
+    if meta.task is not None:
+        return f"{task}: meta.yaml says so"
+    if task == "classification":
+        return ("classification: every target is an integer (labels 0..C-1); set task: regression in meta.yaml to "
+                "read them as numbers")
+    floats = next(arrays for arrays in everything if not arrays.y_integer)
+    kind = f"dtype {floats.y.dtype}" if floats.lines is None else "a decimal point or exponent"
+    whole = all(np.array_equal(arrays.y, np.round(arrays.y)) for arrays in everything)
+    values = np.unique(np.concatenate([np.ravel(arrays.y) for arrays in everything])) if whole else None
+    if whole and values is not None and len(values) <= 20:
+        shown = ", ".join(f"{v:g}" for v in values[:8]) + (", ..." if len(values) > 8 else "")
+        return (f"{AMBIGUOUS_TASK}regression: the targets are stored as floats ({floats.path.name}: {kind}), though "
+                f"they take only the whole values {shown}; if they are class labels, set task: classification in "
+                f"meta.yaml")
+    return (f"regression: the targets are stored as floats ({floats.path.name}: {kind}); set task: classification "
+            f"in meta.yaml if they are class labels")
 
 
 def folder_to_federation(folder: FolderFederation, novel_fraction: float = 0.0,
@@ -513,7 +565,9 @@ def folder_to_federation(folder: FolderFederation, novel_fraction: float = 0.0,
                                                  if folder.meta.target_units else ""),
                       target_scale=folder.meta.target_scale if folder.task == "regression" else None,
                       target_units=folder.meta.target_units if folder.task == "regression" else None,
-                      feature_names=list(folder.meta.features) if folder.meta.features else None,
+                      feature_names=list(folder.feature_names) if folder.feature_names else None,
+                      class_names=list(folder.meta.classes) if folder.meta.classes and folder.task == "classification"
+                      else None, task_reason=folder.task_reason,
                       default_metrics=folder.meta.metrics, default_select_by=folder.meta.select_by)
 
 
@@ -585,7 +639,8 @@ def write_federation(root: str | Path, clients: Mapping[str, Mapping[str, tuple[
     root = Path(root).expanduser()
     (root / CLIENTS_DIR).mkdir(parents=True, exist_ok=True)
     if meta is not None:
-        (root / META_FILE).write_text(yaml.safe_dump(dict(meta), sort_keys=False), encoding="utf-8")
+        (root / META_FILE).write_text(yaml.safe_dump(dict(meta), sort_keys=False, allow_unicode=True),
+                                      encoding="utf-8")
     features = meta.get("features") if meta is not None else None
     target = str(meta.get("target", DEFAULT_TARGET)) if meta is not None else DEFAULT_TARGET
     for cid, splits in clients.items():

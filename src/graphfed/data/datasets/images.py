@@ -51,6 +51,8 @@ class ImageSource:
     load: Callable[[Path], ImageSet]  # the folder -> train and test pooled, float32 [N, C, H, W] in [0, 1]
     #: the publisher's layout, read when ``folder`` is absent (CIFAR-10: the official binary archive)
     fallback: ImageSource | None = None
+    #: the publisher's class names, label k's at index k (None: the labels are their own names, e.g. MNIST's digits)
+    classes: tuple[str, ...] | None = None
 
     def located(self, data_dir: Path) -> ImageSource:
         """This source, or its fallback when only the fallback's folder exists under ``data_dir``."""
@@ -60,13 +62,20 @@ class ImageSource:
         return self
 
 
+#: the publishers' class names (Xiao et al. 2017's Fashion-MNIST table; Krizhevsky's batches.meta for CIFAR-10)
+FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                         "Ankle boot")
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+
 IMAGE_SOURCES = {
     "mnist": ImageSource("MNIST", "mnist", _load_idx),
-    "fashion-mnist": ImageSource("Fashion-MNIST", "fashion-mnist", _load_idx),
-    "fashion-mnist-casestudy": ImageSource("Fashion-MNIST", "fashion-mnist", _load_idx),
+    "fashion-mnist": ImageSource("Fashion-MNIST", "fashion-mnist", _load_idx, classes=FASHION_MNIST_CLASSES),
+    "fashion-mnist-casestudy": ImageSource("Fashion-MNIST", "fashion-mnist", _load_idx,
+                                           classes=FASHION_MNIST_CLASSES),
     # the JPEG re-encoding keeps its numbers where it exists; the official binary version is read otherwise
     "cifar10": ImageSource("CIFAR-10 (JPEG)", "cifar10-jpeg", _load_cifar10,
-                           ImageSource("CIFAR-10 (binary)", "cifar10", _load_cifar10_binary)),
+                           ImageSource("CIFAR-10 (binary)", "cifar10", _load_cifar10_binary, classes=CIFAR10_CLASSES),
+                           classes=CIFAR10_CLASSES),
     "cifar100": ImageSource("CIFAR-100 (binary, fine labels)", "cifar100", _load_cifar100),
     "cifar100-coarse": ImageSource("CIFAR-100 (binary, coarse labels)", "cifar100",
                                    lambda folder: _load_cifar100(folder, coarse=True)),
@@ -113,9 +122,11 @@ def image_clients(cfg: DatasetConfig, rng: np.random.Generator,
 def build(cfg: DatasetConfig, streams: Streams) -> Federation:
     pool_x, pool_y, parts, groups, description, output_dim = image_clients(cfg, streams.partition)
     train, val, test = split_pool(pool_x, pool_y, parts, cfg, "classification", streams.split)
+    classes = IMAGE_SOURCES[cfg.name].classes
     return Federation(name=cfg.name, task="classification", train=train, val=val, test=test,
                       input_shape=tuple(pool_x.shape[1:]), output_dim=output_dim, metric="accuracy",
-                      description=description, client_groups=groups)
+                      description=description, client_groups=groups,
+                      class_names=list(classes) if classes is not None else None)
 
 
 def _gray(cfg: DatasetConfig) -> tuple[tuple[int, ...], int]:
