@@ -367,3 +367,37 @@ def test_local_is_billed_no_traffic(make_config) -> None:
     assert local.bytes_up == local.bytes_down == 0
     fedavg = run_config(make_config("fedavg"), progress=False)
     assert fedavg.bytes_up > 0 and fedavg.bytes_down > 0
+
+
+# ---- each server step weighs its clients as its paper's algorithm box says ---------------------------------------
+PLAIN_MEAN = {"scaffold", "pfedme", "per-fedavg", "fedrep", "apfl"}  # 1/|S|, as their Algorithm 1
+SAMPLE_WEIGHTED = {"fedavg", "fedprox", "ditto", "moon", "fedper", "lg-fedavg", "fedbabu", "fedrod", "fedala"}
+
+
+@pytest.mark.parametrize("name", sorted(PLAIN_MEAN | SAMPLE_WEIGHTED))
+def test_the_server_step_weighs_the_clients_as_the_algorithm_box_says(name: str, make_config: ConfigFactory) -> None:
+    """Two clients of 1 and 3 training rows report: SCAFFOLD, pFedMe, Per-FedAvg, FedRep and APFL move the shared
+    model by the plain mean of the two updates (their papers' 1 / |S|), FedAvg and the methods whose server is
+    FedAvg's by the sample-weighted one (1/4 and 3/4); the method reference says which."""
+    from graphfed.setup import build_setup
+
+    setup = build_setup(make_config(name))
+    method, dim = setup.method, setup.method.global_weights.numel()
+    delta = torch.stack([torch.ones(dim), 5 * torch.ones(dim)])
+    metrics = {"num_examples": torch.tensor([1.0, 3.0]), "loss_last": torch.zeros(2),
+               **{upload: torch.zeros(2, *shape) for upload, shape in setup.client_rule.upload_shapes().items()}}
+    before = method.global_weights.clone()
+    method.update(torch.tensor([0, 1]), before.expand(2, -1), delta, metrics)
+    step = (before - method.global_weights) / method.server_lr
+    expected = 3.0 if name in PLAIN_MEAN else 4.0  # (1 + 5) / 2, or (1 + 15) / 4
+    assert torch.allclose(step, torch.full_like(step, expected)), name
+    assert ("sample-weighted" in type(method).server_weighting) is (name not in PLAIN_MEAN)
+
+
+def test_every_method_says_how_its_server_weighs_the_clients() -> None:
+    from graphfed import catalogue
+    from graphfed.methods import METHODS
+
+    for name, cls in METHODS.items():
+        assert cls.server_weighting and not cls.server_weighting.endswith("."), name
+        assert catalogue.load()["methods"][name]["server_weighting"] == cls.server_weighting, name

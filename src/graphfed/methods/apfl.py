@@ -8,7 +8,7 @@ mini-batch, updates
     alpha_i <- clip_[0,1]( alpha_i - alpha_lr grad_alpha f_i(alpha_i v_i + (1 - alpha_i) w) )
 
 uploads the change of w, and keeps v_i and alpha_i (its state; v_i starts as the first model it receives, alpha_i
-at ``alpha``). The server averages the updates (FedAvg). A client evaluates with its mixture
+at ``alpha``). The server takes the plain mean of the updates. A client evaluates with its mixture
 ``alpha_i v_i + (1 - alpha_i) w`` of its personal model and the model it receives; alpha_i grows where the global
 model serves the client badly.
 """
@@ -74,6 +74,9 @@ def mix(alpha: torch.Tensor, personal: torch.Tensor, model: torch.Tensor) -> tor
 class Apfl(FedAvg):
     name = "apfl"
     summary = "each client mixes a personal model with the global one by a learned weight alpha_i"
+    server_weighting = ("the global model: plain mean over the sampled clients, Deng et al. 2020, Algorithm 1 (w <- 1 "
+                        "/ K sum_{j in U} w_j); the personal models and each alpha_i stay with their client")
+    weighs_by_samples = False
     Options = ApflOptions
 
     @classmethod

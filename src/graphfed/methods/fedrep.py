@@ -3,7 +3,7 @@
 Algorithm 1 (FedRep), per round t: the server sends the global body phi^t; each sampled client i
   1. keeps phi^t fixed and trains its own head h_i for ``head_steps`` SGD steps;
   2. keeps h_i fixed and trains the body for K steps;
-  uploads only the body; the server averages the bodies (FedAvg).
+  uploads only the body; the server takes the plain mean of the bodies over the sampled clients.
 Each client evaluates the received body with its own head.
 
 "Head" is the target model's declared output layer (``TargetModel.head_module``). Client state: the head,
@@ -69,6 +69,9 @@ class FedRepRule(ClientRule):
 class FedRep(FedAvg):
     name = "fedrep"
     summary = "shared body averaged by the server, personal head per client (head steps, then body steps)"
+    server_weighting = ("the bodies: plain mean over the sampled clients, Collins et al. 2021, Algorithm 1 (phi <- 1 "
+                        "/ (rn) sum_{i in I} phi_i); heads are never averaged")
+    weighs_by_samples = False
     Options = FedRepOptions
 
     @classmethod

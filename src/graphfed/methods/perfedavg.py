@@ -6,7 +6,7 @@ independent mini-batches D, D' (and D'' for the Hessian-free variant):
     first-order (FO):   w <- w - beta * grad f(temp; D')
     Hessian-free (HF):  w <- w - beta * (I - alpha * H f(w; D'')) grad f(temp; D')
                                       (H f(w; D'') v computed exactly as a Hessian-vector product)
-  client uploads w; the server averages (FedAvg).
+  client uploads w; the server takes their plain mean over the sampled clients.
 Evaluation: a client that trained adapts the received meta-model with ONE SGD step of lr alpha on its own
 data (the paper's personalised model); novel clients evaluate the meta-model as received ("no fine-tuning").
 
@@ -59,6 +59,9 @@ class PerFedAvgRule(ClientRule):
 class PerFedAvg(FedAvg):
     name = "per-fedavg"
     summary = "MAML-style meta-model (FO or Hessian-free); each client evaluates it after one local step (alpha)"
+    server_weighting = ("plain mean over the sampled clients: Fallah et al. 2020, Algorithm 1 (w <- 1 / (rn) sum_{i "
+                        "in A} w_i)")
+    weighs_by_samples = False
     Options = PerFedAvgOptions
 
     @classmethod

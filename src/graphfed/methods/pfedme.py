@@ -70,6 +70,10 @@ class PFedMeRule(PersonalModelRule):
 class PFedMe(FedAvg):
     name = "pfedme"
     summary = "Moreau-envelope personalisation: personal theta solved per step, local w pulled to it, beta mixing"
+    server_weighting = ("plain mean over the sampled clients, then beta-mixing: Dinh et al. 2020, Algorithm 1 (w <- "
+                        "(1 - beta) w + beta sum_{i in S} w_i / S); the authors' released code weighs by training "
+                        "rows instead")
+    weighs_by_samples = False
     Options = PFedMeOptions
 
     def __init__(self, context: MethodContext, options: PFedMeOptions) -> None:

@@ -7,8 +7,9 @@ global direction), then updates its own control variate
 * option I:  ``c_i+ = g_i(x)``, its gradient at the server's model (on its last mini-batch),
 * option II: ``c_i+ = c_i - c + (x - y) / (K lr)`` (the default: no extra gradient),
 
-and uploads ``Delta y = y - x`` (as its update) and ``Delta c = c_i+ - c_i``. The server moves x by the mean update
-(FedAvg's step; ``server_lr`` is the global step size eta_g) and ``c <- c + (|S| / N) mean(Delta c)``. c_i is the
+and uploads ``Delta y = y - x`` (as its update) and ``Delta c = c_i+ - c_i``. The server moves x by the plain mean
+of the updates over the clients that reported (Algorithm 1's 1 / |S|, not FedAvg's sample weights; ``server_lr`` is
+the global step size eta_g) and ``c <- c + (|S| / N) mean(Delta c)``. c_i is the
 client's state (zero at first); c is the server's, broadcast with the model (bytes down count it, bytes up the
 control update).
 """
@@ -78,6 +79,10 @@ class ScaffoldRule(ClientRule):
 class Scaffold(FedAvg):
     name = "scaffold"
     summary = "control variates (client and server) correct each client's drift from the global direction"
+    server_weighting = ("plain mean over the sampled clients that reported, for the model (x += eta_g / |S| sum dy_i) "
+                        "and the server control variate (c += 1 / N sum dc_i): Karimireddy et al. 2020, Algorithm 1 "
+                        "(PFLlib's SCAFFOLD too)")
+    weighs_by_samples = False
     Options = ScaffoldOptions
     central_privacy_refusal = "its server averages each client's control-variate update beside the model update"
 
