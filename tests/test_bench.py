@@ -602,7 +602,7 @@ def test_the_gpu_suite_holds_the_papers_budgets_as_valid_cells() -> None:
                for entry in suite.datasets.values())
 
 
-@pytest.mark.parametrize("module", ["methods/local.py", "methods/fedavg.py"])
+@pytest.mark.parametrize("module", ["methods/pfedhn.py", "methods/fedavg.py"])
 def test_a_run_whose_own_module_changed_is_stale_whether_or_not_a_vouch_knows_the_module(
         module: str, make_config: ConfigFactory) -> None:
     """A run is stale once a module it ran has other bytes, for a module no vouch ever placed in a class (its hash
@@ -612,7 +612,7 @@ def test_a_run_whose_own_module_changed_is_stale_whether_or_not_a_vouch_knows_th
 
     method = module.removeprefix("methods/").removesuffix(".py")
     known = module in _behaviour_table()["modules"]
-    assert known == (method == "fedavg")  # the two cases: local.py has no entry, fedavg.py has one
+    assert known == (method == "fedavg")  # the two cases: pfedhn.py has no entry, fedavg.py has one
     config = make_config(method, "train.rounds=1")
     code = run_config(config, progress=False).code
     roots = run_roots(config)

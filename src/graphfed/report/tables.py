@@ -66,6 +66,16 @@ def plain(value: float) -> str:
     return f"{value:,.0f}" if 1e4 <= size < 1e6 else f"{value:.3e}"
 
 
+def plain_spread(mean: float, std: float) -> str:
+    """``mean ± std`` in one number format: the mean as :func:`plain` writes it, the spread to the same decimals
+    (or both in scientific notation where the mean is): never ``0.001309 ± 5.037e-04`` in one cell."""
+    shown = plain(mean)
+    if "e" in shown:
+        return f"{mean:.3e} ± {std:.3e}"
+    decimals = len(shown.partition(".")[2])
+    return f"{shown} ± {std:,.{decimals}f}"
+
+
 def format_value(stats: tuple[float, float] | None, metric: str, n: int | None = None) -> str:
     """``mean ± sample std``; with ``n == 1`` the mean and "(n=1)": one seed measures no spread."""
     if stats is None:
@@ -73,7 +83,7 @@ def format_value(stats: tuple[float, float] | None, metric: str, n: int | None =
     mean, std = stats
     if metric == "accuracy":
         return f"{100 * mean:.2f} (n=1)" if n == 1 else f"{100 * mean:.2f} ± {100 * std:.2f}"
-    return f"{plain(mean)} (n=1)" if n == 1 else f"{plain(mean)} ± {plain(std)}"
+    return f"{plain(mean)} (n=1)" if n == 1 else plain_spread(mean, std)
 
 
 #: the error fields of a summary (and of each client's scores), in stored units squared for MSE
@@ -225,7 +235,7 @@ def format_score(stats: tuple[float, float] | None, n: int | None = None, metric
     if stats is None:
         return "—"
     if metric in LOWER_IS_BETTER:
-        return f"{plain(stats[0])} (n=1)" if n == 1 else f"{plain(stats[0])} ± {plain(stats[1])}"
+        return f"{plain(stats[0])} (n=1)" if n == 1 else plain_spread(*stats)
     return f"{stats[0]:.3f} (n=1)" if n == 1 else f"{stats[0]:.3f} ± {stats[1]:.3f}"
 
 
