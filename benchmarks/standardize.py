@@ -70,7 +70,7 @@ def hospitals_marker(root: Path) -> Path:
             splits[split] = (rows.astype(np.float32), y)
         clients[f"hospital{c}"] = splits
     return write_federation(root, clients, meta={"name": "hospitals-marker",
-                                                 "features": ["cholesterol", "age", "marker"]})
+                                                 "features": ["cholesterol", "age", "marker"]}, fmt="csv")
 
 
 def hospitals_site(root: Path) -> Path:

@@ -18,6 +18,7 @@ from graphfed.report.tables import in_declared_units, plain
 from graphfed.runs import read_result
 from graphfed.sim.engine import run_config
 
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 #: every command's settings: four clients, every client every round
 SMALL = ["--set", "dataset.novel_fraction=0", "--set", "train.rounds=20", "--set", "train.clients_per_round=4",
          "--set", "train.eval_every=5", "--set", "model.options={hidden: 16}", "--no-progress"]
@@ -31,19 +32,15 @@ def invoke(*args: object) -> object:
 def hospitals(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Four hospitals whose label is a small marker (about 0.002) beside raw cholesterol (about 300) and age
     (about 55); half the hospitals have mostly positive patients, half mostly negative, so a model that cannot
-    read the marker predicts one class for all and half the clients fall below their majority-class predictor."""
-    rng = np.random.default_rng(0)
-    clients = {}
-    for c in range(4):
-        splits = {}
-        for split, n in (("train", 120), ("val", 40), ("test", 60)):
-            y = (rng.random(n) < (0.8 if c % 2 else 0.2)).astype(np.int64)
-            marker = np.where(y == 1, 1.0, -1.0) * 0.002 + 0.0005 * rng.standard_normal(n)
-            rows = np.stack([300.0 + 60.0 * rng.standard_normal(n), 55 + 10 * rng.standard_normal(n), marker], 1)
-            splits[split] = (rows.astype(np.float32), y)
-        clients[f"hospital{c}"] = splits
-    return write_federation(tmp_path_factory.mktemp("hospitals") / "fed", clients,
-                            meta={"features": ["cholesterol", "age", "marker"]}, fmt="csv")
+    read the marker predicts one class for all and half the clients fall below their majority-class predictor
+    (the federation ``benchmarks/standardize.py`` measures the scalings on)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("standardize", BENCHMARKS / "standardize.py")
+    assert spec is not None and spec.loader is not None
+    standardize = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(standardize)
+    return standardize.hospitals_marker(tmp_path_factory.mktemp("hospitals") / "fed")
 
 
 def test_inspect_flags_features_of_very_different_scales(hospitals: Path) -> None:
