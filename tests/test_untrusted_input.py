@@ -249,7 +249,8 @@ def test_a_signal_ends_every_mechanisms_run_as_an_interrupt(make_config: ConfigF
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
     assert "interrupted; the last checkpoint" in stderr.strip().splitlines()[-1]
-    assert load_checkpoint(out)["completed_rounds"] >= 5
+    # every 5 rounds (train.checkpoint_every), a private run's after every round
+    assert load_checkpoint(out)["completed_rounds"] >= (5 if mechanism == "none" else 1)
     assert json.loads((out / "status.json").read_text())["state"] == "interrupted"
     assert invoke("status", out).exit_code == 130
 
