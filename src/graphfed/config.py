@@ -101,6 +101,12 @@ class DatasetConfig(_Strict):
                            "angle, a sparse graph for large N (0 = the paper's dense Bernoulli graph)")
     graph_threshold: float = Field(default=0.1, ge=0.0, le=1.0, description="weighted client graphs (metr-la-week):"
                                    " drop edges whose kernel weight is below this (DCRNN's normalized_k)")
+    plays: list[str] | None = Field(default=None, description="shakespeare: the plays whose roles are clients "
+                                    "(default: every play; names as graphfed inspect lists them, e.g. hamlet)")
+    novel_plays: list[str] | None = Field(default=None, description="shakespeare: plays whose roles are all held "
+                                          "out of training (novel clients: new speakers in an unseen play)")
+    text_stride: int = Field(default=1, ge=1, description="shakespeare: take every s-th 80-character window of a "
+                             "role (LEAF takes every one: 1; larger thins the samples for a small budget)")
     standardize: Literal["none", "client", "pooled"] = Field(
         default="none", description="scale each input feature to mean 0 and std 1, for raw features of very "
         "different scales (graphfed inspect flags them): pooled (by every training client's rows together: the "

