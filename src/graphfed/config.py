@@ -149,6 +149,9 @@ class ModelConfig(_Strict):
     architecture_of: list[str] | None = Field(
         default=None, min_length=1, description="each client's architecture, one entry per client (each one of "
         "architectures)")
+    base: str | None = Field(default=None, description="a pretrained base (graphfed pretrain writes one): its "
+                             "weights are the frozen base every client shares under model.options.adapter, else "
+                             "every client's starting weights")
 
     @model_validator(mode="after")
     def _assignment_is_among_architectures(self) -> ModelConfig:
@@ -160,6 +163,8 @@ class ModelConfig(_Strict):
                 raise ValueError(f"model.architecture_of names {unknown}, which model.architectures does not list")
         if self.architectures is not None and len(set(self.architectures)) != len(self.architectures):
             raise ValueError("model.architectures lists an architecture twice")
+        if self.base is not None and self.architectures is not None:
+            raise ValueError("model.base is one network's pretrained weights; it does not apply to model.architectures")
         return self
 
 

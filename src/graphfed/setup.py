@@ -156,7 +156,12 @@ class ClientSide:
         federation = federation.to(device, rows_on_host=clients_rows_on_host(config, federation, device))
         torch.manual_seed(rng.stream_seed(config.seed, 0, "init"))
         if config.model.architectures is None:
-            model = build_model(config.model.name, federation, config.model.options).to(device)
+            model = build_model(config.model.name, federation, config.model.options)
+            if config.model.base is not None:  # the pretrained base, before anything reads the weights
+                from graphfed.models.pretrained import load_base
+
+                model.base_record = load_base(model, config.model.base, config.model.name, config.model.options)
+            model = model.to(device)
             check_conv_kernel(config, [model])
             spec = ParamSpec.from_module(model)
             rule = method.client_rule(client_setting(model, spec, federation, method.training))

@@ -8,13 +8,13 @@ from typing import Any
 
 import typer
 
-from graphfed.cli import bench, compare, data, export, flower, info, privacy, run  # noqa: F401  (they register)
+from graphfed.cli import bench, compare, data, export, flower, info, pretrain, privacy, run  # noqa: F401  (they register)
 from graphfed.cli.common import app, stop_writing_stdout
 from graphfed.config import load_config  # noqa: F401  (graphfed.cli.load_config, as before the package)
 
 #: the order ``graphfed --help`` lists the commands in: a run's life first, then the tools around it
-ORDER = ("run", "compare", "status", "flower-status", "show", "export", "predict", "flower-app", "privacy-audit",
-         "plot-graphs", "bench", "run-pack", "inspect", "arch-graph", "list", "describe")
+ORDER = ("run", "compare", "status", "flower-status", "show", "export", "predict", "pretrain", "flower-app",
+         "privacy-audit", "plot-graphs", "bench", "run-pack", "inspect", "arch-graph", "list", "describe")
 app.registered_commands.sort(key=lambda command: ORDER.index(command.name or command.callback.__name__))
 
 

@@ -19,9 +19,11 @@ from torch import nn
 from graphfed.config import ConfigError
 from graphfed.data.federation import Federation
 from graphfed.models.base import TargetModel
+from graphfed.models.char_transformer import CharTransformer
 from graphfed.models.cnn import PflCNN, SmallCNN
 from graphfed.models.cnn_bn import CNNBN
 from graphfed.models.gru import GRUForecaster
+from graphfed.models.leaf_lstm import LeafLSTM
 from graphfed.models.lenet import LeNet
 from graphfed.models.mlp import MLP
 from graphfed.models.resnet_like import ResNetLike
@@ -65,6 +67,26 @@ def _gru(fed: Federation, hidden: int = 100) -> TargetModel:
     return GRUForecaster(fed.input_shape[0], fed.output_dim, hidden=hidden, input_features=features)
 
 
+def _text(fed: Federation, model: str) -> tuple[int, int]:
+    """(vocabulary, context) of a next-character federation: windows of character classes, one class predicted."""
+    if fed.task != "classification" or len(fed.input_shape) != 1:
+        raise ConfigError(f"model.name: {model} reads windows of characters (input shape (T,)) and predicts the next "
+                          f"one; {fed.name} is {fed.task} with input shape {fed.input_shape} (use dataset.name="
+                          f"shakespeare)")
+    return fed.output_dim, fed.input_shape[0]
+
+
+def _char_transformer(fed: Federation, width: int = 128, layers: int = 4, heads: int = 4,
+                      adapter: dict[str, Any] | None = None) -> TargetModel:
+    vocab, context = _text(fed, "char-transformer")
+    return CharTransformer(vocab, context, width=width, layers=layers, heads=heads, adapter=adapter)
+
+
+def _leaf_lstm(fed: Federation, embedding: int = 8, hidden: int = 256, layers: int = 2) -> TargetModel:
+    vocab, _ = _text(fed, "leaf-lstm")
+    return LeafLSTM(vocab, embedding=embedding, hidden=hidden, layers=layers)
+
+
 MODELS: dict[str, tuple[Callable[..., TargetModel], str]] = {
     "mlp": (_mlp, "multi-layer perceptron (options: hidden=16, num_layers=3)"),
     "cnn": (_cnn, "2 conv + 2 linear layers for (C, H, W) images (options: channels=16, hidden=64)"),
@@ -81,6 +103,12 @@ MODELS: dict[str, tuple[Callable[..., TargetModel], str]] = {
               "hidden=120, hidden2=84)"),
     "gru": (_gru, "1-layer GRU over the input steps + linear head to all output steps, for series regression "
             "(metr-la-week: 32,112 parameters at hidden=100; options: hidden=100)"),
+    "char-transformer": (_char_transformer, "small causal character transformer (pre-LayerNorm decoder blocks, "
+                         "scaled_dot_product_attention) predicting the next character of a window (shakespeare); "
+                         "adapter: {kind: lora, rank, alpha, targets} freezes the base (model.base) and trains LoRA "
+                         "factors alone (options: width=128, layers=4, heads=4, adapter=none)"),
+    "leaf-lstm": (_leaf_lstm, "LEAF's Shakespeare model: character embedding, stacked LSTM, linear head over the "
+                  "characters (options: embedding=8, hidden=256, layers=2)"),
 }
 
 

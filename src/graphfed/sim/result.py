@@ -220,6 +220,8 @@ def build_result(sim: Simulator, history: list[dict[str, Any]], status: str,
         "peak_rss_mb": peak_rss_mb(), "torch_threads": cfg.torch_threads,
         "device": str(setup.clients.device), "execution": sim.execution,
         "notes": list(setup.method.notes),
+        # the pretrained base the clients started from (model.base): its file, SHA-256 and provenance
+        **({"model_base": setup.clients.model.base_record} if hasattr(setup.clients.model, "base_record") else {}),
         # the code that produced these numbers (its engine's behaviour, its own modules): bench reruns a run whose
         # code changed since, and a report marks it stale
         "code": run_code(run_roots(cfg), private=cfg.privacy.mechanism != "none"),

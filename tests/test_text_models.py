@@ -1,0 +1,163 @@
+"""Models of text: LEAF's LSTM and a small causal transformer whose LoRA adapters alone train and travel over a
+frozen, shared base; a base pretrained on public plays; hypernetworks writing each role's own adapter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from graphfed.config import ConfigError, load_config
+from graphfed.core.params import ParamSpec
+from graphfed.models import build_model
+from graphfed.models.char_transformer import CharTransformer
+from graphfed.sim.engine import Simulator
+
+SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+needs_texts = pytest.mark.skipif(not (SHARED / "shakespeare").is_dir(), reason="../shared/data/shakespeare is absent")
+TEXT = SimpleNamespace(name="text", task="classification", input_shape=(80,), output_dim=80)
+TINY = {"width": 16, "layers": 2, "heads": 2}
+LORA = {**TINY, "adapter": {"kind": "lora", "rank": 2, "alpha": 4, "targets": ["qkv", "out", "up", "down", "head"]}}
+
+
+def stacked(model: torch.nn.Module, clients: int) -> dict[str, torch.Tensor]:
+    return {name: value.detach().unsqueeze(0).repeat(clients, *[1] * value.dim())
+            for name, value in model.named_parameters()}
+
+
+@pytest.mark.parametrize("options", [TINY, LORA], ids=["full", "lora"])
+def test_a_clients_forward_is_its_row_of_the_batched_forward(options: dict[str, Any]) -> None:
+    torch.manual_seed(0)
+    model = build_model("char-transformer", TEXT, options)  # type: ignore[arg-type]
+    params = stacked(model, 3)
+    with torch.no_grad():
+        for value in params.values():
+            value.add_(0.05 * torch.randn_like(value))  # three different clients
+        x = torch.randint(0, 80, (3, 5, 80)).float()
+        batched = model.batched_forward(params, x)
+        for client in range(3):
+            one = {name: value[client:client + 1] for name, value in params.items()}
+            torch.testing.assert_close(model.batched_forward(one, x[client:client + 1])[0], batched[client],
+                                       rtol=1e-5, atol=1e-5)
+
+
+def test_lora_adds_its_low_rank_term_to_a_frozen_base_and_starts_as_the_base() -> None:
+    """W x + b + (alpha / r) B A x at every targeted layer; B starts at zero, so an adapter starts as the base."""
+    torch.manual_seed(0)
+    base = build_model("char-transformer", TEXT, TINY)  # type: ignore[arg-type]
+    adapted = build_model("char-transformer", TEXT, LORA)  # type: ignore[arg-type]
+    with torch.no_grad():
+        for name, value in base.named_parameters():
+            adapted.get_buffer(name).copy_(value)
+    x = torch.randint(0, 80, (4, 80)).float()
+    torch.testing.assert_close(adapted(x), base(x))
+    layer = adapted.get_submodule("head")
+    with torch.no_grad():
+        layer.lora_B.normal_()
+        h = torch.randn(1, 6, 16)
+        expected = h @ layer.weight.T + layer.bias + 2.0 * (h @ layer.lora_A.T) @ layer.lora_B.T
+        got = adapted._linear({name: value.unsqueeze(0) for name, value in adapted.named_parameters()}, "head", h)
+    torch.testing.assert_close(got, expected)
+
+
+def test_only_the_adapters_are_parameters_and_the_base_receives_no_gradient() -> None:
+    model = build_model("char-transformer", TEXT, LORA)  # type: ignore[arg-type]
+    assert isinstance(model, CharTransformer)
+    names = ParamSpec.from_module(model).names
+    assert names and all(name.endswith((".lora_A", ".lora_B")) for name in names)
+    assert "blocks.0.qkv.weight" in model.base_names and "embed.weight" in model.base_names
+    flat = ParamSpec.from_module(model).flatten_module(model).unsqueeze(0).requires_grad_(True)
+    out = model.batched_forward(ParamSpec.from_module(model).unflatten(flat), torch.randint(0, 80, (1, 3, 80)).float())
+    out.sum().backward()
+    assert flat.grad is not None and all(not buffer.requires_grad for buffer in model.buffers())
+    assert model.head_names == ("head.lora_A", "head.lora_B")
+
+
+@pytest.mark.parametrize("adapter", [{"kind": "prefix"}, {"rank": 0}, {"targets": ["attn"]}, {"rank": 2, "beta": 1}])
+def test_a_wrong_adapter_is_one_config_error(adapter: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match=r"model\.options\.adapter"):
+        build_model("char-transformer", TEXT, {**TINY, "adapter": adapter})  # type: ignore[arg-type]
+
+
+def test_leaf_lstm_is_pytorchs_lstm() -> None:
+    torch.manual_seed(0)
+    model = build_model("leaf-lstm", TEXT, {"hidden": 12})  # type: ignore[arg-type]
+    reference = torch.nn.LSTM(8, 12, 2, batch_first=True)
+    with torch.no_grad():
+        for layer in range(2):
+            for part in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+                getattr(reference, f"{part}_l{layer}").copy_(getattr(model.cells[layer], part))
+        x = torch.randint(0, 80, (3, 80)).float()
+        states, _ = reference(model.embed(x.long()))
+        torch.testing.assert_close(model(x), model.head(states[:, -1]), rtol=1e-5, atol=1e-6)
+
+
+def tiny_run(*overrides: str) -> Any:
+    return load_config(None, ["dataset.name=shakespeare", "dataset.plays=[macbeth]", "dataset.num_clients=4",
+                              "dataset.text_stride=60", "dataset.novel_fraction=0", "model.name=char-transformer",
+                              f"model.options={LORA}".replace("'", ""), "method.name=fedavg", "train.rounds=2",
+                              "train.local_steps=2", "train.batch_size=8", "train.clients_per_round=4",
+                              "train.eval_every=2", "train.lr=0.5", *overrides])
+
+
+@needs_texts
+def test_the_adapters_train_and_travel_and_the_shared_base_stays_as_it_was() -> None:
+    """A FedAvg round moves the global adapter; every byte on the wire is the adapter's; the base is unchanged."""
+    simulator = Simulator(tiny_run(), progress=False)
+    model, spec = simulator.setup.clients.model, simulator.setup.spec
+    base = {name: buffer.clone() for name, buffer in model.named_buffers()}
+    before = simulator.setup.method.global_weights.clone()
+    result = simulator.run()
+    assert not torch.equal(before, simulator.setup.method.global_weights)  # the adapters moved
+    assert all(torch.equal(base[name], buffer) for name, buffer in model.named_buffers())
+    assert result.num_params == spec.dim and result.bytes_up == 2 * 4 * spec.dim * 4  # 2 rounds x 4 clients
+
+
+@needs_texts
+def test_a_pretrained_base_is_what_every_client_starts_from_and_is_recorded(tmp_path: Path) -> None:
+    from graphfed.models.pretrained import pretrain
+
+    config = tiny_run()
+    record = pretrain(config, tmp_path / "base.pt", steps=3, batch=4, stride=200, echo=lambda _: None)
+    assert "macbeth" not in record["pretrained_on"] and "hamlet" in record["pretrained_on"]
+    saved = torch.load(tmp_path / "base.pt", weights_only=True)
+    simulator = Simulator(tiny_run(f"model.base={tmp_path / 'base.pt'}"), progress=False)
+    model = simulator.setup.clients.model
+    assert all(torch.equal(model.get_buffer(name), value) for name, value in saved["state_dict"].items())
+    result = simulator.run()
+    assert result.model_base["sha256"] and result.model_base["pretrained_on"] == record["pretrained_on"]
+    other = tiny_run(f"model.base={tmp_path / 'base.pt'}", "model.options={width: 32, layers: 2, heads: 2}")
+    with pytest.raises(ConfigError, match="is a base of char-transformer"):
+        Simulator(other, progress=False)
+
+
+@needs_texts
+@pytest.mark.parametrize("method", ["pfedhn", "panacea"])
+def test_a_hypernetwork_writes_each_roles_own_adapter(method: str) -> None:
+    """Moving one role's embedding changes the adapter the hypernetwork writes for that role, and no other's."""
+    simulator = Simulator(tiny_run(f"method.name={method}", "method.options={embedding_dim: 4}"), progress=False)
+    server = simulator.setup.method
+    clients = torch.arange(4)
+    before = server.personalize(clients).detach()
+    assert before.shape == (4, simulator.setup.spec.dim)
+    with torch.no_grad():
+        server.embeddings.weight[2] += 1.0
+    after = server.personalize(clients).detach()
+    moved = (after - before).abs().amax(dim=1) > 0
+    assert moved.tolist() == [False, False, True, False] if method == "pfedhn" else moved[2]
+
+
+def test_the_loss_of_a_window_is_on_its_next_character() -> None:
+    """The model's output for a window is the distribution of the character after it (the last position)."""
+    torch.manual_seed(0)
+    model = build_model("char-transformer", TEXT, TINY)  # type: ignore[arg-type]
+    x = torch.randint(0, 80, (2, 80)).float()
+    changed = x.clone()
+    changed[:, 0] = (changed[:, 0] + 1) % 80
+    assert model(x).shape == (2, 80)
+    assert not torch.allclose(model(x), model(changed))  # the first character is read (causal, not masked out)
+    assert float(F.cross_entropy(model(x), torch.tensor([3, 4]))) > 0
