@@ -161,3 +161,29 @@ def test_the_loss_of_a_window_is_on_its_next_character() -> None:
     assert model(x).shape == (2, 80)
     assert not torch.allclose(model(x), model(changed))  # the first character is read (causal, not masked out)
     assert float(F.cross_entropy(model(x), torch.tensor([3, 4]))) > 0
+
+
+@needs_texts
+@pytest.mark.parametrize("how", ["factors", "product"])
+def test_product_aggregation_lands_on_the_mean_product_where_factor_averaging_halves_it(how: str) -> None:
+    """Two clients whose adapters write u1 v1^T and u2 v2^T in different rank slots: the mean of their products is
+    (u1 v1^T + u2 v2^T) / 2, which product aggregation recovers exactly (rank 2); averaging A and B on their own
+    gives a quarter of each (the bias FedAvg of factors has)."""
+    from graphfed.setup import build_setup
+
+    setup = build_setup(tiny_run(f"method.options={{lora_aggregation: {how}}}"))
+    method, spec = setup.method, setup.spec
+    a, b = next((x, y) for x, y in method.lora_pairs() if x.name == "head.lora_A")
+    u = torch.randn(2, b.shape[0])
+    v = torch.randn(2, a.shape[1])
+    trained = method.global_weights.unsqueeze(0).repeat(2, 1)
+    for client in range(2):
+        factor_b, factor_a = torch.zeros(b.shape), torch.zeros(a.shape)
+        factor_b[:, client], factor_a[client] = u[client], v[client]
+        trained[client, b.slice], trained[client, a.slice] = factor_b.reshape(-1), factor_a.reshape(-1)
+    sent = method.global_weights.unsqueeze(0).repeat(2, 1)
+    method.update(torch.tensor([0, 1]), sent, sent - trained, {"num_examples": torch.ones(2)})
+    product = method.global_weights[b.slice].view(b.shape) @ method.global_weights[a.slice].view(a.shape)
+    mean = (torch.outer(u[0], v[0]) + torch.outer(u[1], v[1])) / 2
+    torch.testing.assert_close(product, mean if how == "product" else mean / 2, rtol=1e-4, atol=1e-5)
+    assert spec.dim == method.global_weights.numel()

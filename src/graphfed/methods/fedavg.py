@@ -16,6 +16,8 @@ from pydantic import Field, field_validator
 from graphfed.attacks.defenses import Aggregation, robust_aggregate
 from graphfed.client.contract import ClientRule, ClientSetting
 from graphfed.core.optim import Yogi
+from graphfed.core.params import TensorSpec
+from graphfed.errors import ConfigError
 from graphfed.methods.base import Method, MethodContext, MethodOptions
 
 
@@ -37,6 +39,10 @@ class FedAvgOptions(MethodOptions):
     server_betas: list[float] = Field(default_factory=lambda: [0.9, 0.99], min_length=2, max_length=2,
                                       description="adam / yogi: [beta1, beta2]")
     server_tau: float = Field(default=1e-3, gt=0, description="adam / yogi / adagrad: the adaptivity tau (eps)")
+    lora_aggregation: Literal["factors", "product"] = Field(
+        default="factors", description="LoRA adapters (model.options.adapter): factors averages A and B each on its "
+        "own (FlowerTune's recipe; the mean of the products B A is not the product of the means, so it is biased), "
+        "product averages each client's B A and factorises the mean back to rank r by SVD")
 
     @field_validator("server_betas")
     @classmethod
@@ -62,6 +68,13 @@ class FedAvg(Method):
         self.options: FedAvgOptions = options
         self.global_weights = context.init_weights.clone()
         self.server_lr = options.server_lr if server_lr is None else server_lr
+        if getattr(options, "lora_aggregation", "factors") == "product":
+            if not self.lora_pairs():
+                raise ConfigError(f"method.options.lora_aggregation=product: {self.name}'s model has no LoRA adapter "
+                                  f"(model.options.adapter)")
+            if options.aggregation != "fedavg":
+                raise ConfigError(f"method.options.lora_aggregation=product averages the clients' products; "
+                                  f"aggregation {options.aggregation} combines the updates otherwise")
         optimizer = getattr(options, "server_optimizer", "sgd")  # subclasses with their own options: plain FedAvg
         if optimizer != "sgd":
             # the optimiser steps a parameter that mirrors global_weights (subclasses write global_weights in place)
@@ -83,7 +96,39 @@ class FedAvg(Method):
     def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
                metrics: dict[str, torch.Tensor]) -> None:
         # delta = sent - trained, so subtracting the mean delta moves towards the clients' models.
-        self.apply_update(self.aggregate(delta, self.mean_weights(metrics)))
+        weights = self.mean_weights(metrics)
+        update = self.aggregate(delta, weights)
+        if getattr(self.options, "lora_aggregation", "factors") == "product":
+            update = self.product_update(sent - delta, weights, update)
+        self.apply_update(update)
+
+    def lora_pairs(self) -> list[tuple[TensorSpec, TensorSpec]]:
+        """Each LoRA layer's ``(A [r, in], B [out, r])`` in the model's flat weights."""
+        by_name = {tensor.name: tensor for tensor in self.context.spec.tensors}
+        return [(tensor, by_name[tensor.name.removesuffix("lora_A") + "lora_B"]) for tensor in self.context.spec.tensors
+                if tensor.name.endswith(".lora_A") and tensor.name.removesuffix("lora_A") + "lora_B" in by_name]
+
+    def product_update(self, trained: torch.Tensor, weights: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
+        """``update`` with each LoRA layer's coordinates replaced so that the step lands on the rank-r factorisation
+        (truncated SVD, the singular values split evenly between B and A) of the weighted mean of the clients' B A."""
+        update = update.clone()
+        share = (weights / weights.sum()).to(trained.dtype)
+        for a, b in self.lora_pairs():
+            rank = a.shape[0]
+            factors_a = trained[:, a.slice].view(-1, *a.shape)
+            factors_b = trained[:, b.slice].view(-1, *b.shape)
+            product = torch.einsum("k,kor,kri->oi", share, factors_b, factors_a)
+            left, values, right = torch.linalg.svd(product, full_matrices=False)
+            root = values[:rank].sqrt()
+            update[b.slice] = self.global_weights[b.slice] - (left[:, :rank] * root).reshape(-1)
+            update[a.slice] = self.global_weights[a.slice] - (root[:, None] * right[:rank]).reshape(-1)
+        return update
+
+    def central_privacy_problem(self) -> str | None:
+        if getattr(self.options, "lora_aggregation", "factors") == "product":
+            return ("lora_aggregation=product multiplies each client's own factors; central DP releases only the "
+                    "noised mean of the updates (use lora_aggregation=factors)")
+        return super().central_privacy_problem()
 
     def mean_weights(self, metrics: dict[str, torch.Tensor]) -> torch.Tensor:
         """``[n]``: each reporting client's weight in the server's mean (:attr:`weighs_by_samples`)."""
