@@ -187,3 +187,29 @@ def test_product_aggregation_lands_on_the_mean_product_where_factor_averaging_ha
     mean = (torch.outer(u[0], v[0]) + torch.outer(u[1], v[1])) / 2
     torch.testing.assert_close(product, mean if how == "product" else mean / 2, rtol=1e-4, atol=1e-5)
     assert spec.dim == method.global_weights.numel()
+
+
+@needs_texts
+def test_an_exported_adapter_carries_its_base_and_writes_what_predict_writes(tmp_path: Path) -> None:
+    """The export holds the client's adapter and the frozen base it adapts (no data, no base file needed); loaded
+    anywhere it goes on from a prompt as ``graphfed predict --prompt`` does; a file without its base is refused."""
+    from typer.testing import CliRunner
+
+    from graphfed.cli import app
+    from graphfed.errors import UntrustedInputError
+    from graphfed.export import deployed_model, export_client, generate, load_exported
+
+    run_dir = tmp_path / "run"
+    Simulator(tiny_run(), run_dir, progress=False).run()
+    exported = export_client(run_dir, "macbeth.MACBETH", tmp_path / "macbeth.pt")
+    prompt = "Is this a dagger which I see before me,"
+    written = generate(load_exported(exported), prompt, 12)
+    assert len(written) == 12 and written == generate(deployed_model(run_dir, "macbeth.MACBETH"), prompt, 12)
+    shown = CliRunner().invoke(app, ["predict", str(run_dir), "--client", "macbeth.MACBETH", "--prompt", prompt,
+                                     "--length", "12"])
+    assert shown.exit_code == 0 and repr(written) in " ".join(shown.output.split())
+    saved = torch.load(exported, weights_only=True)
+    del saved["model"]["base_state"]
+    torch.save(saved, tmp_path / "no_base.pt")
+    with pytest.raises(UntrustedInputError, match="holds no base for its adapter"):
+        load_exported(tmp_path / "no_base.pt")

@@ -43,6 +43,17 @@ def rebuild(model: dict[str, Any], state: dict[str, torch.Tensor]) -> TargetMode
     if missing:
         raise UntrustedInputError(f"the saved parameters do not fit model {model['name']!r}: {sorted(missing)[:3]}")
     network.load_state_dict(state, strict=False)  # parameters only: graphfed's models keep no buffers that train
+    base_names = getattr(network, "base_names", ())
+    if base_names:  # an adapter's frozen base, saved once beside every client's adapter
+        base = model.get("base_state")
+        if not (isinstance(base, dict) and set(base) == set(base_names)
+                and all(isinstance(v, torch.Tensor) and v.shape == network.get_buffer(k).shape
+                        and bool(torch.isfinite(v).all()) for k, v in base.items())):
+            raise UntrustedInputError(f"the saved model holds no base for its adapter (model {model['name']!r}: "
+                                      f"its base_state is missing or does not fit)")
+        with torch.no_grad():
+            for name, value in base.items():
+                network.get_buffer(name).copy_(value)
     return network.eval()
 
 
@@ -65,6 +76,8 @@ class DeployedModel(torch.nn.Module):
         self.network, self.task, self.input_shape, self.standardize = network, task, input_shape, standardize
         self.feature_names, self.class_names = feature_names, class_names
         self.target_scale, self.target_units = target_scale, target_units
+        #: text models: the characters of the classes (``graphfed predict --prompt``); None otherwise
+        self.alphabet: str | None = None
         # float64 statistics, applied in float64 as the run applied them (data/__init__.py: standardized)
         self.register_buffer("feature_mean", None if mean is None else mean.to(torch.float64))
         self.register_buffer("feature_spread", None if spread is None else spread.to(torch.float64))
@@ -192,9 +205,35 @@ def _deployed(model: dict[str, Any], state: dict[str, torch.Tensor], where: str 
         raise UntrustedInputError(f"{where}: its class names are not {model['output_dim']} names")
     if scale is not None and not (isinstance(scale, int | float) and math.isfinite(scale) and scale > 0):
         raise UntrustedInputError(f"{where}: its target scale {scale!r} is not a positive number")
-    return DeployedModel(network, str(model["task"]), tuple(int(d) for d in model["input_shape"]), mean, spread,
-                         str(inputs.get("standardize", "none")), names, classes,
-                         None if scale is None else float(scale), units if isinstance(units, str) else None)
+    alphabet = outputs.get("alphabet")
+    if alphabet is not None and not (isinstance(alphabet, str) and len(alphabet) == int(model["output_dim"])):
+        raise UntrustedInputError(f"{where}: its alphabet is not {model['output_dim']} characters")
+    deployed = DeployedModel(network, str(model["task"]), tuple(int(d) for d in model["input_shape"]), mean, spread,
+                             str(inputs.get("standardize", "none")), names, classes,
+                             None if scale is None else float(scale), units if isinstance(units, str) else None)
+    deployed.alphabet = alphabet
+    return deployed
+
+
+def generate(model: DeployedModel, prompt: str, length: int) -> str:
+    """The ``length`` characters a text model writes after ``prompt``, each the most likely given the window of the
+    characters before it (the prompt, then what it wrote). DataError for a model that does not read text."""
+    alphabet = getattr(model, "alphabet", None)
+    if not alphabet or len(model.input_shape) != 1:
+        raise DataError("--prompt: this model does not read text (its federation has no alphabet); give --input rows")
+    window = model.input_shape[0]
+    index = {character: k for k, character in enumerate(alphabet)}
+    codes = [index.get(character, index.get(" ", 0)) for character in prompt]
+    if len(codes) < window:  # a short prompt is left-padded with spaces, as a role's text begins
+        codes = [index.get(" ", 0)] * (window - len(codes)) + codes
+    written = []
+    with torch.no_grad():
+        for _ in range(length):
+            probabilities = model(torch.tensor([codes[-window:]], dtype=torch.float32))
+            choice = int(probabilities[0].argmax())
+            codes.append(choice)
+            written.append(alphabet[choice])
+    return "".join(written)
 
 
 def older_run_records(run_dir: Path, index: int) -> dict[str, Any]:

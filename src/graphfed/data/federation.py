@@ -307,6 +307,9 @@ class Federation:
     #: the class names, label k's at index k, where the data give them (a folder's meta.yaml ``classes``, CIFAR-10's
     #: and Fashion-MNIST's own), for what a user reads and what an exported model answers
     class_names: list[str] | None = None
+    #: text federations (a window of characters, the next one predicted): the characters the classes stand for, class
+    #: k's at index k, so a model can read a prompt and write text (``graphfed predict --prompt``)
+    alphabet: str | None = None
     #: why the data are read as their task (a folder: meta.yaml, integer labels or float targets), for inspect and
     #: the run's log; it starts with "warning:" where the data could be read as either task
     task_reason: str | None = None

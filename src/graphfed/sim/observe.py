@@ -366,12 +366,23 @@ class BestModels(RunCallback):
         model = {"name": cfg.model.name, "options": dict(cfg.model.options), "input_shape": list(fed.input_shape),
                  "output_dim": fed.output_dim, "task": fed.task, "dataset": fed.name, "method": cfg.method.name,
                  "param_names": spec.names, "param_shapes": [list(tensor.shape) for tensor in spec.tensors],
-                 "inputs": deployment_inputs(fed), "outputs": deployment_outputs(fed)}
+                 "inputs": deployment_inputs(fed), "outputs": deployment_outputs(fed),
+                 **base_record(sim.setup.clients.model)}
         runs.save_models(sim.out_dir, self.pending, fed.client_names, sim.tracker.best["round"], model)
         self.pending = None
 
     def end(self, result: runs.RunResult) -> None:
         self.save()
+
+
+def base_record(model: torch.nn.Module) -> dict[str, Any]:
+    """An adapter model's frozen base (``base_state``: every buffer the clients share, saved once) and where it came
+    from (``base``: the ``model.base`` file's record); nothing for a model without one."""
+    names = getattr(model, "base_names", ())
+    if not names:
+        return {}
+    return {"base_state": {name: model.get_buffer(name).detach().to("cpu", copy=True) for name in names},
+            **({"base": model.base_record} if hasattr(model, "base_record") else {})}
 
 
 def deployment_inputs(fed: Federation) -> dict[str, Any]:
@@ -390,6 +401,7 @@ def deployment_outputs(fed: Federation) -> dict[str, Any]:
     units (data units per stored unit and their name; both or neither, as every table converts)."""
     declared = fed.target_scale is not None and fed.target_units is not None
     return {"task": fed.task, "class_names": list(fed.class_names) if fed.class_names else None,
+            **({"alphabet": fed.alphabet} if fed.alphabet else {}),
             "target_scale": fed.target_scale if declared else None,
             "target_units": fed.target_units if declared else None}
 

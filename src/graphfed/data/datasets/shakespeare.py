@@ -271,7 +271,7 @@ def build(cfg: DatasetConfig, streams: Streams) -> Federation:
     return Federation(name="shakespeare", task="classification", train=train, val=val, test=test,
                       input_shape=(WINDOW,), output_dim=len(CHARACTERS), client_graph=graph, novel_mask=novel,
                       client_names=[role.name for role in roles], metric="accuracy", description=description,
-                      class_names=[repr(character)[1:-1] for character in CHARACTERS])
+                      class_names=[repr(character)[1:-1] for character in CHARACTERS], alphabet=CHARACTERS)
 
 
 def _shape(cfg: DatasetConfig) -> tuple[tuple[int, ...], int]:
