@@ -140,12 +140,22 @@ def _single_torch_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+#: models of text (a window of character classes -> the next one): the shakespeare federation's
+TEXT_MODELS = ("char-transformer", "leaf-lstm")
+
+
 def model_client_data(name: str, counts: tuple[int, ...], seed: int = 0) -> tuple[Any, ClientSplit]:
     """A federation shape and client rows any registered model trains on: 12-step series for ``gru``, 20 features for
-    ``mlp``, 3x16x16 images (4 classes) otherwise; ``counts[i]`` rows for client ``i``."""
+    ``mlp``, 16-character windows for the text models, 3x16x16 images (4 classes) otherwise; ``counts[i]`` rows for
+    client ``i``."""
     from types import SimpleNamespace
 
     generator = torch.Generator().manual_seed(seed)
+    if name in TEXT_MODELS:  # windows of 16 characters of an 80-character alphabet, the next one to predict
+        fed = SimpleNamespace(name="text", task="classification", input_shape=(16,), output_dim=80)
+        xs = [torch.randint(0, 80, (count, 16), generator=generator).float() for count in counts]
+        ys = [torch.randint(0, 80, (count,), generator=generator) for count in counts]
+        return fed, ClientSplit.from_lists(xs, ys, fed.task)
     if name == "gru":
         fed = SimpleNamespace(name="series", task="regression", input_shape=(12,), output_dim=3)
         xs = [torch.randn(count, 12, generator=generator) for count in counts]

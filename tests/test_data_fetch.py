@@ -155,8 +155,7 @@ def test_data_list_names_every_folder_of_the_shared_data() -> None:
                 "femnist": ("femnist", "present"), "tpt48": ("tpt48", "present"),
                 "cifar10": ("cifar10", "missing"), "cifar100": ("cifar100", "missing"),
                 "metr-la": ("metr-la", "missing"), "pems-bay": ("pems-bay", "missing"),
-                # beside the shared data, not yet read by a dataset (federated Shakespeare is the next issue's)
-                "shakespeare": ("", "unknown")}
+                "shakespeare": ("shakespeare", "present")}
     assert {folder: (row.dataset, row.status) for folder, row in rows.items()} == expected
     assert rows["cifar100"].command == f"graphfed data fetch cifar100 --to {SHARED}"
     result = CliRunner().invoke(app, ["data", "list", "--data-dir", str(SHARED)])

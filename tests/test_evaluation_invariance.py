@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conftest import TEXT_MODELS
 from graphfed.client.evaluation import evaluate_clients
 from graphfed.core.params import ParamSpec
 from graphfed.data.federation import ClientSplit
@@ -27,6 +28,8 @@ CASES = [(name, {}) for name in MODELS] + [("resnet-like", {"arch": arch}) for a
 
 
 def _federation(name: str) -> SimpleNamespace:
+    if name in TEXT_MODELS:
+        return SimpleNamespace(name="text", task="classification", input_shape=(16,), output_dim=80)
     if name == "gru":
         return SimpleNamespace(name="series", task="regression", input_shape=(12,), output_dim=3)
     if name == "mlp":
@@ -37,7 +40,10 @@ def _federation(name: str) -> SimpleNamespace:
 def _split(fed: SimpleNamespace, generator: torch.Generator, shuffle: bool) -> ClientSplit:
     xs, ys = [], []
     for count in COUNTS:
-        if fed.task == "classification":
+        if fed.name == "text":  # character classes
+            y = torch.arange(count) * fed.output_dim // count
+            x = torch.randint(0, fed.output_dim, (count, *fed.input_shape), generator=generator).float()
+        elif fed.task == "classification":
             y = torch.arange(count) * fed.output_dim // count  # class-sorted, as stored splits are
             x = torch.randn(count, *fed.input_shape, generator=generator) + y.view(-1, *[1] * len(fed.input_shape))
         else:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import TINY_METHOD_OPTIONS
+from conftest import TEXT_MODELS, TINY_METHOD_OPTIONS
 from graphfed.config import load_config
 from graphfed.data import DATASETS, build_federation, federation_from_clients, register_dataset
 from graphfed.data.federation import Federation
@@ -28,7 +28,10 @@ ONE_ROUND = ["train.rounds=1", "train.eval_every=1", "train.local_steps=1", "tra
 #: small versions of each model (the options the walk does not vary)
 SMALL_MODELS = {"mlp": "{hidden: 8}", "cnn": "{channels: 4, hidden: 16}", "pfl-cnn": "{}",
                 "resnet-like": "{width: 4}", "cnn-bn": "{channels: 4, hidden: 16}",
-                "lenet": "{channels: 4, hidden: 16, hidden2: 8}", "gru": "{hidden: 8}"}
+                "lenet": "{channels: 4, hidden: 16, hidden2: 8}", "gru": "{hidden: 8}",
+                "char-transformer": "{width: 8, layers: 1, heads: 2, adapter: {kind: lora, rank: 2, targets: [qkv, "
+                                    "head]}}",
+                "leaf-lstm": "{embedding: 4, hidden: 8, layers: 1}"}
 #: methods that federate clients of different architectures: they need model.architectures
 ARCHITECTURE_METHODS = ("flha-ghn", "flha-distill")
 
@@ -39,6 +42,18 @@ class Kind:
 
     overrides: list[str]
     federation: Federation
+
+
+def _text(cfg, streams):  # type: ignore[no-untyped-def]
+    """6 speakers of 16-character windows over an 80-character alphabet, a dialogue chain (Shakespeare's shape)."""
+    rng = np.random.default_rng(0)
+    xs = [rng.integers(0, 80, (40, 16)).astype(np.float32) for _ in range(6)]
+    ys = [x[:, -1].astype(np.int64) for x in xs]  # the next character: here the last one again
+    chain = torch.zeros(6, 6)
+    chain[torch.arange(5), torch.arange(1, 6)] = chain[torch.arange(1, 6), torch.arange(5)] = 1.0
+    return federation_from_clients("walk-text", xs, ys, cfg, streams, task="classification", output_dim=80,
+                                   client_graph=chain, client_names=[f"role{i}" for i in range(6)],
+                                   alphabet="".join(chr(32 + k) for k in range(80)))
 
 
 def _series(cfg, streams):  # type: ignore[no-untyped-def]
@@ -61,13 +76,16 @@ def datasets() -> Iterator[dict[str, Kind]]:
     """Tabular (FL-N), image (a sliver of MNIST) and sequence (6 sensors, METR-LA's window shape; registered for
     the module only, so the registries other tests read stay the shipped ones)."""
     register_dataset("walk-series", _series, task="regression", description="the walk's 6-sensor series")
+    register_dataset("walk-text", _text, task="classification", description="the walk's 6 speakers")
     kinds = {"tabular": ["dataset.name=fln", "dataset.num_clients=6", "dataset.novel_fraction=0.2"],
              "image": ["dataset.name=mnist", "dataset.num_clients=6", "dataset.client_fraction=0.005",
                        "dataset.novel_fraction=0.2"],
-             "sequence": ["dataset.name=walk-series", "dataset.novel_fraction=0.2"]}
+             "sequence": ["dataset.name=walk-series", "dataset.novel_fraction=0.2"],
+             "text": ["dataset.name=walk-text", "dataset.novel_fraction=0.2"]}
     yield {kind: Kind(overrides, build_federation(load_config(None, overrides).dataset, 0))
            for kind, overrides in kinds.items()}
     DATASETS.pop("walk-series")
+    DATASETS.pop("walk-text")
 
 
 def outcome(overrides: list[str], kind: Kind) -> str:
@@ -106,7 +124,7 @@ def test_every_method_with_every_model_runs_a_round_or_says_why_in_one_line(
     outcomes = {}
     for model in MODELS:
         kinds = ("tabular", "image", "sequence") if model == "mlp" else (
-            ("sequence",) if model == "gru" else ("image",))
+            ("sequence",) if model == "gru" else ("text",) if model in TEXT_MODELS else ("image",))
         for kind in kinds:
             outcomes[(model, kind)] = outcome(combination(method, model, datasets[kind]), datasets[kind])
     assert not bugs(outcomes), bugs(outcomes)
@@ -131,6 +149,8 @@ INVALID_OPTIONS = {
     "cnn-bn": ["{channels: 0}", "{kernel_size: 0}", "{kernel_size: 40}", "{hidden: 0}"],
     "lenet": ["{channels: 0}", "{channels2: -1}", "{hidden2: 0}"],
     "gru": ["{hidden: 0}", "{hidden: true}"],
+    "char-transformer": ["{width: 0}", "{width: 6, heads: 4}", "{adapter: {kind: prefix}}", "{adapter: {rank: 0}}"],
+    "leaf-lstm": ["{hidden: 0}", "{embedding: -1}"],
 }
 
 

@@ -62,6 +62,9 @@ class FedCPRule(ClientRule):
         super().__init__(setting)
         if not setting.head:
             raise ConfigError("FedCP needs a model that declares its head (TargetModel.head_module)")
+        if not any(name.endswith(".weight") for name in setting.head):
+            raise ConfigError("FedCP needs a plain linear head (its weight conditions the policy); this model's head "
+                              f"is {', '.join(setting.head)} (a LoRA adapter of a frozen head)")
         self.lam = lam
         self.weight_name = next(name for name in setting.head if name.endswith("weight"))
         self.num_features = head_shape(setting)[1]

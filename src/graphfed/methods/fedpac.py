@@ -62,6 +62,9 @@ class FedPACRule(ClientRule):
         super().__init__(setting)
         if setting.task != "classification" or not setting.head:
             raise ConfigError("FedPAC needs a classification task and a model that declares its head")
+        if not any(name.endswith(".weight") for name in setting.head):
+            raise ConfigError("FedPAC needs a plain linear head (its classifiers are combined); this model's head is "
+                              f"{', '.join(setting.head)} (a LoRA adapter of a frozen head)")
         self.lam, self.head_steps = lam, head_steps
         self.num_classes, self.num_features = head_shape(setting)
 

@@ -68,11 +68,16 @@ def _gru(fed: Federation, hidden: int = 100) -> TargetModel:
 
 
 def _text(fed: Federation, model: str) -> tuple[int, int]:
-    """(vocabulary, context) of a next-character federation: windows of character classes, one class predicted."""
-    if fed.task != "classification" or len(fed.input_shape) != 1:
+    """(vocabulary, context) of a next-character federation: windows of character classes, one class predicted (a
+    federation says so by its alphabet; a bare shape, as a test or a benchmark builds, is taken at its word)."""
+    if (fed.task != "classification" or len(fed.input_shape) != 1
+            or (isinstance(fed, Federation) and fed.alphabet is None)):
         raise ConfigError(f"model.name: {model} reads windows of characters (input shape (T,)) and predicts the next "
                           f"one; {fed.name} is {fed.task} with input shape {fed.input_shape} (use dataset.name="
                           f"shakespeare)")
+    if isinstance(fed, Federation) and fed.input_scaling is not None:
+        raise ConfigError(f"dataset.standardize: {model} reads character classes, which scaling would turn into "
+                          f"other numbers; set dataset.standardize=none")
     return fed.output_dim, fed.input_shape[0]
 
 

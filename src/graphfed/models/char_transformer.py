@@ -3,7 +3,8 @@
 The network reads a window of character classes ``x [B, T]`` (floats holding integers, as every graphfed split
 stores its rows) and predicts the next character from the last position: token and position embeddings, ``layers``
 pre-LayerNorm decoder blocks (LayerNorm -> causal self-attention by ``F.scaled_dot_product_attention`` -> residual,
-LayerNorm -> MLP of 4x the width with GELU -> residual), a final LayerNorm and a linear head over the classes.
+LayerNorm -> MLP of 4x the width with GELU, GPT-2's tanh form -> residual), a final LayerNorm and a linear head over
+the classes.
 
 **Adapters** (``adapter: {kind: lora, rank: r, alpha: a, targets: [...]}``, Hu et al. 2021, as PEFT writes them):
 the base network's every weight becomes a frozen buffer shared by all clients, and each targeted linear layer
@@ -125,9 +126,9 @@ class CharTransformer(TargetModel):
             out = torch.baddbmm(bias.unsqueeze(1), h, weight.transpose(1, 2))
         else:  # the shared base: one product over every client's rows
             out = F.linear(h.reshape(clients * rows, -1), weight, bias).view(clients, rows, -1)
-        if f"{name}.lora_A" in params:
+        if f"{name}.lora_A" in params:  # in place: an out-of-place baddbmm copied the whole output per layer
             low = torch.bmm(h, params[f"{name}.lora_A"].transpose(1, 2))
-            out = torch.baddbmm(out, low, params[f"{name}.lora_B"].transpose(1, 2), alpha=self.lora_scale)
+            out = out.baddbmm_(low, params[f"{name}.lora_B"].transpose(1, 2), alpha=self.lora_scale)
         return out
 
     def _layer_norm(self, params: dict[str, torch.Tensor], name: str, h: torch.Tensor) -> torch.Tensor:
@@ -162,7 +163,8 @@ class CharTransformer(TargetModel):
         for i in range(len(self.blocks)):
             name = f"blocks.{i}"
             h = h + self._attention(params, name, self._layer_norm(params, f"{name}.ln1", h), batch)
-            up = F.gelu(self._linear(params, f"{name}.up", self._layer_norm(params, f"{name}.ln2", h)))
+            up = F.gelu(self._linear(params, f"{name}.up", self._layer_norm(params, f"{name}.ln2", h)),
+                        approximate="tanh")  # GPT-2's
             h = h + self._linear(params, f"{name}.down", up)
         last = h.view(clients, batch, steps, self.width)[:, :, -1]
         return self._layer_norm(params, "ln_f", last)
