@@ -87,6 +87,11 @@ def differences(old: dict, new: dict) -> tuple[list[str], list[str]]:
         for field in sorted(set(a) | set(b)):
             if field not in a or field not in b or (field in never_recorded and b[field] is not None):
                 unshared.append(f"{run}.{field}")
+            elif field == "method_options" and isinstance(a[field], dict) and isinstance(b[field], dict):
+                # an option added since (at its default) is named, not decisive: the numbers beside it decide
+                unshared += [f"{run}.method_options.{key}" for key in sorted(set(a[field]) ^ set(b[field]))]
+                if any(a[field][key] != b[field][key] for key in set(a[field]) & set(b[field])):
+                    differ.append(f"{run}.method_options: {str(a[field])[:80]} -> {str(b[field])[:80]}")
             elif field == "per_client" and isinstance(a[field], dict) and isinstance(b[field], dict):
                 for client in set(a[field]) | set(b[field]):
                     left, right = a[field].get(client, {}), b[field].get(client, {})
