@@ -142,7 +142,9 @@ def method_pages(catalogue: dict[str, Any]) -> dict[str, str]:
         index.append(f"| [`{name}`]({name}.md) | {cell(entry['summary'])} | {cell(entry['server_weighting'])} |")
         page = [f"# `{name}`", "", entry["summary"], "", "## Algorithm", "", "```text", entry["doc"].rstrip(), "```",
                 "", "## Server weighting", "", f"How the server weighs the clients it combines: "
-                f"{entry['server_weighting']}.", "", "## Options", ""]
+                f"{entry['server_weighting']}.", "", "## With LoRA adapters", "",
+                f"Under `model.options.adapter` (a frozen pretrained base, [how-to](../../how-to/transformers.md)): "
+                f"{entry['adapters']}.", "", "## Options", ""]
         if entry["options"]:
             page += ["| option | default | meaning |", "|---|---|---|"]
             page += [f"| `{option}` | {code(default)} | {cell(meaning)} |" for option, default, meaning in

@@ -359,6 +359,28 @@ def _collect(running: dict[Future[list[RunResult]], list[int]], summaries: list[
             echo(_ran_line(labels[index], summary))
 
 
+def ensure_bases(suite: Suite, cells: list[Cell], data_dir: Path | None, echo: Any = print) -> None:
+    """Pretrain each section's base (``pretrain`` in the suite) that ``cells`` start from and that is not yet in
+    ``OUT/bases``; a base there is reused (its file name says how it was pretrained, :func:`base_file`)."""
+    from graphfed.models.pretrained import pretrain
+
+    for key, entry in suite.datasets.items():
+        spec = entry.pretrain
+        starting = [cell for cell in cells if cell.dataset == key and cell.config.model.base]
+        if spec is None or not starting:
+            continue
+        path = Path(str(starting[0].config.model.base))
+        if path.is_file():
+            echo(f"{key}: base {path.name} pretrained before, reused")
+            continue
+        echo(f"{key}: pretraining the base on public plays ({spec.steps} steps of {spec.batch} windows) -> {path}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _environment(_cell_environment(data_dir, 1)):
+            record = pretrain(starting[0].config.model_copy(update={"seed": spec.seed}), path, steps=spec.steps,
+                              batch=spec.batch, lr=spec.lr, stride=spec.stride, echo=echo)
+        echo(f"{key}: base written, loss {record['final_loss']:.3f}, {record['seconds']} s")
+
+
 def run_suite(suite_path: Path, out: Path, datasets: list[str] | None = None, methods: list[str] | None = None,
               seeds: int | None = None, overrides: dict[str, Any] | None = None, data_dir: Path | None = None,
               in_process: bool = False, command: str | None = None, echo: Any = print,
@@ -369,10 +391,11 @@ def run_suite(suite_path: Path, out: Path, datasets: list[str] | None = None, me
     process."""
     begin = time.perf_counter()
     suite = load_suite(suite_path)
-    cells = suite_cells(suite, seeds=seeds, overrides=overrides)
-    selected = [] if report_only else suite_cells(suite, datasets, methods, seeds, overrides)
+    cells = suite_cells(suite, seeds=seeds, overrides=overrides, out=out)
+    selected = [] if report_only else suite_cells(suite, datasets, methods, seeds, overrides, out=out)
     first_of_each = {(cell.dataset, cell.method): cell.config for cell in reversed(selected)}
     check_privacy_first((f"datasets.{key}, method {method}", config) for (key, method), config in first_of_each.items())
+    ensure_bases(suite, selected, data_dir, echo)
     results = run_cells(selected, out, in_process=in_process, data_dir=data_dir, echo=echo, keep_stale=keep_stale,
                         jobs=jobs, pack=pack)
     all_done = all(s.completed for results_of_cell in results.values() for s in results_of_cell)
@@ -396,9 +419,10 @@ def run_slot(suite_path: Path, out: Path, budget: float, archive: Path | None = 
     finished runs written to one archive (``archive``, default ``OUT/slot.tar.gz``) and the report rewritten.
     Returns (report, archive, runs made)."""
     suite = load_suite(suite_path)
-    selected = suite_cells(suite, datasets, methods, seeds, overrides)
+    selected = suite_cells(suite, datasets, methods, seeds, overrides, out=out)
     first_of_each = {(cell.dataset, cell.method): cell.config for cell in reversed(selected)}
     check_privacy_first((f"datasets.{key}, method {method}", config) for (key, method), config in first_of_each.items())
+    ensure_bases(suite, selected, data_dir, echo)
 
     def recorded(cell: Cell) -> RunResult | None:
         return _finished_summary(cell.directory(out), cell.config)

@@ -28,7 +28,8 @@ def build() -> dict[str, Any]:
         options = [[option, shown_default(field), field.description or ""]
                    for option, field in cls.Options.model_fields.items()]
         methods[name] = {"summary": cls.summary, "doc": inspect.getdoc(inspect.getmodule(cls)) or "",
-                         "server_weighting": cls.server_weighting, "options": options}
+                         "server_weighting": cls.server_weighting, "adapters": cls.adapters,
+                         "options": options}
     return {"methods": methods,
             "datasets": {name: f"{info.task}: {info.description}" for name, info in sorted(DATASETS.items())},
             "models": {name: text for name, (_, text) in sorted(MODELS.items())}}

@@ -600,8 +600,11 @@ def same_run(recorded: RunConfig, config: RunConfig) -> bool:
 def _location_free(config: RunConfig) -> RunConfig:
     data_dir = config.dataset.data_dir
     kept = Path(data_dir).name if config.dataset.name == "folder" and data_dir else None
-    # where a run reports to (trackers) is not part of the run either
+    # where a run reports to (trackers) is not part of the run either; a pretrained base is known by its file name
+    # (the run records its SHA-256), wherever the folder holding it lies
+    base = Path(config.model.base).name if config.model.base else None
     return config.model_copy(update={"dataset": config.dataset.model_copy(update={"data_dir": kept}),
+                                     "model": config.model.model_copy(update={"base": base}),
                                      "tracking": TrackingConfig()})
 
 

@@ -27,7 +27,9 @@ Every cell is a validated :class:`RunConfig`; :func:`suite_cells` checks them al
 
 from __future__ import annotations
 
+import hashlib
 import importlib.resources
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +122,18 @@ def check_safe_name(name: str, what: str) -> str:
     return name
 
 
+class Pretrain(_Strict):
+    """A base pretrained on public text before the section's cells run (:func:`graphfed.models.pretrained.pretrain`):
+    one base for every seed, as a user downloads one pretrained checkpoint; each cell whose model is the section's
+    starts from it (``model.base``)."""
+
+    steps: int = Field(default=2000, ge=1)
+    batch: int = Field(default=64, ge=1)
+    lr: float = Field(default=3e-3, gt=0)
+    stride: int = Field(default=8, ge=1, description="characters between the starts of two public windows")
+    seed: int = Field(default=0, ge=0)
+
+
 class SuiteDataset(_Strict):
     title: str | None = None
     description: str = ""
@@ -132,6 +146,8 @@ class SuiteDataset(_Strict):
                                              "setting for: the report states the section's budget as a fraction "
                                              "of each")
     paper: list[PaperReference] = Field(default_factory=list)
+    pretrain: Pretrain | None = Field(default=None, description="pretrain a base on public text first; cells "
+                                      "of the section's model start from it")
 
     @model_validator(mode="after")
     def _labels_are_folder_names(self) -> SuiteDataset:
@@ -191,6 +207,10 @@ class Suite(_Strict):
         return self
 
 
+#: the folder of ``--out`` that holds the sections' pretrained bases
+BASES = "bases"
+
+
 @dataclass(frozen=True)
 class Cell:
     """One run of the grid."""
@@ -207,10 +227,15 @@ class Cell:
 
 
 def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """``update`` over ``base``, section by section; a section that names another model or method (``name``)
+    starts from none of the other one's ``options``, which belong to it."""
     merged = dict(base)
     for key, value in update.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
+            below = merged[key]
+            if "name" in value and value["name"] != below.get("name"):
+                below = {part: setting for part, setting in below.items() if part != "options"}
+            merged[key] = _deep_merge(below, value)
         else:
             merged[key] = value
     return merged
@@ -262,9 +287,36 @@ def _anchor_data_dir(config: dict[str, Any], folder: Path) -> None:
         dataset["data_dir"] = str((folder / data_dir).resolve())
 
 
+def base_file(key: str, entry: SuiteDataset, shared: dict[str, Any]) -> str:
+    """The file name of section ``key``'s pretrained base: it names what the base is (the pretraining, the model
+    without its adapter, the federation's plays), so a base pretrained otherwise is another file and the runs
+    from it are runs of another config."""
+    from graphfed.models.pretrained import without_adapter
+
+    assert entry.pretrain is not None
+    model, dataset = shared.get("model", {}), shared.get("dataset", {})
+    identity = {"pretrain": entry.pretrain.model_dump(), "model": model.get("name"),
+                "options": without_adapter(model.get("options", {})),
+                "plays": [dataset.get("plays"), dataset.get("novel_plays")]}
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return f"{key}-{digest}.pt"
+
+
+def _is_the_sections_model(data: dict[str, Any], shared: dict[str, Any]) -> bool:
+    from graphfed.models.pretrained import without_adapter
+
+    mine, theirs = data.get("model", {}), shared.get("model", {})
+    return bool(mine.get("name") == theirs.get("name") and without_adapter(mine.get("options", {}))
+                == without_adapter(theirs.get("options", {})))
+
+
 def suite_cells(suite: Suite, datasets: list[str] | None = None, methods: list[str] | None = None,
-                seeds: int | None = None, overrides: dict[str, Any] | None = None) -> list[Cell]:
-    """Every cell's validated config, all checked before anything runs. Filters select a part of the grid."""
+                seeds: int | None = None, overrides: dict[str, Any] | None = None,
+                out: Path | None = None) -> list[Cell]:
+    """Every cell's validated config, all checked before anything runs. Filters select a part of the grid.
+
+    A section with ``pretrain`` gives each cell of its model ``model.base: OUT/bases/<base_file>`` (just the file
+    name without ``out``: a run's identity holds the base's file name, not where it lies)."""
     unknown = [key for key in datasets or [] if key not in suite.datasets]
     if unknown:
         raise ConfigError(f"--datasets: not in the suite: {', '.join(unknown)}; the suite has "
@@ -280,6 +332,9 @@ def suite_cells(suite: Suite, datasets: list[str] | None = None, methods: list[s
             variant = entry.variants.get(method) or Variant(method=method, options=entry.method_options.get(method, {}))
             data = _deep_merge(_deep_merge(shared, variant.config),
                                {"method": {"name": variant.method, "options": variant.options}})
+            if entry.pretrain is not None and _is_the_sections_model(data, shared):
+                name = base_file(key, entry, shared)
+                data["model"] = {**data.get("model", {}), "base": str(out / BASES / name) if out else name}
             first_seed = int(data.get("seed", 0))
             for k in range(seeds or entry.seeds or suite.seeds):
                 data["seed"] = first_seed + k
@@ -291,5 +346,5 @@ def suite_cells(suite: Suite, datasets: list[str] | None = None, methods: list[s
     return cells
 
 
-__all__ = ["Cell", "Claim", "PaperReference", "Suite", "SuiteDataset", "Variant", "check_safe_name", "load_suite",
-           "packaged_suites", "resolve_suite", "suite_cells"]
+__all__ = ["BASES", "Cell", "Claim", "PaperReference", "Pretrain", "Suite", "SuiteDataset", "Variant", "base_file",
+           "check_safe_name", "load_suite", "packaged_suites", "resolve_suite", "suite_cells"]

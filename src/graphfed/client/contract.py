@@ -63,8 +63,9 @@ class ClientSetting:
     def require_head(self, method: str) -> tuple[str, ...]:
         """The head's tensors; a ValueError naming ``method`` when the model declares none."""
         if not self.head:
-            raise ConfigError(f"{method} needs a model that declares its head (TargetModel.head_module, or "
-                             f"register_model(..., head='<output layer>'))")
+            raise ConfigError(f"{method} needs a model whose head has trainable tensors: declare it "
+                              f"(TargetModel.head_module, or register_model(..., head='<output layer>')), and under a "
+                              f"LoRA adapter let the adapter train it (model.options.adapter.targets: [..., head])")
         return self.head
 
     def numel(self, names: Sequence[str]) -> int:

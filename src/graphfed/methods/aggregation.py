@@ -29,6 +29,8 @@ MIXING_ROWS_PER_CALL = 2048
 
 
 class PersonalizedAggregation(Method):
+    adapters = ("each client's adapter is its own mix of every client's latest adapter, each LoRA factor (A or B of "
+                "one layer) a layer of the mix: factor by factor, with the collaboration graph's weights")
     server_weighting = ("no shared mean: each client starts from its own per-layer mix of every client's latest "
                         "model, with the weights of the method's collaboration graph (its algorithm box says how they "
                         "are made)")

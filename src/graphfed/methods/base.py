@@ -93,6 +93,11 @@ class Method(ABC):
     #: how the server weighs the clients whose uploads it combines, and where that comes from (the paper's
     #: algorithm box where it has one): one sentence, in ``graphfed describe`` and the method reference
     server_weighting: ClassVar[str] = ""
+    #: what the method does with LoRA adapters (``model.options.adapter``): one sentence, in ``graphfed describe``
+    #: and the method reference. Under an adapter a method's weights are the adapters alone (the frozen base never
+    #: trains or travels), so a method agnostic to the model does with them what it does with any weights.
+    adapters: ClassVar[str] = ("its weights are the adapters: it trains, sends and combines the clients' LoRA factors "
+                               "as it does any model's weights, factor by factor; the frozen base never travels")
 
     def __init__(self, context: MethodContext, options: MethodOptions) -> None:
         self.context = context
@@ -249,6 +254,9 @@ class EmbeddingHypernetwork(Method):
     """
     server_weighting = ("no mean of models: the server steps its hypernetwork on the sum of the round's "
                         "hypergradients, each client's delta at weight 1 / |S| (pFedHN's Algorithm 1)")
+    adapters = ("the hypernetwork's output is each client's adapter: it writes the client's LoRA factors (a few "
+                "thousand numbers) from the client's embedding, the client trains them on the frozen base and sends "
+                "back their change, which steps the hypernetwork")
 
     embeddings: nn.Embedding
     optimizer: torch.optim.Optimizer

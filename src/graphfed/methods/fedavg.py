@@ -62,6 +62,10 @@ class FedAvg(Method):
     #: over the clients that reported, where the method's algorithm box says so (SCAFFOLD, FedDyn, pFedMe, ...)
     weighs_by_samples: ClassVar[bool] = True
     server_weighting = "sample-weighted mean over the clients that reported, n_k / n (McMahan et al. 2017, Algorithm 1)"
+    adapters = ("averages the clients' adapters with its server rule: factor by factor by default (lora_aggregation: "
+                "factors, FlowerTune's recipe, biased: the mean of B A is not the product of the means), or the mean "
+                "of each client's product B A factorised back to rank r by SVD (lora_aggregation: product); methods "
+                "built on FedAvg's server (FedProx, Ditto's global model, ...) inherit the choice")
 
     def __init__(self, context: MethodContext, options: FedAvgOptions, server_lr: float | None = None) -> None:
         super().__init__(context, options)

@@ -42,6 +42,8 @@ class FedBABURule(ClientRule):
 
 
 class FedBABU(FedAvg):
+    adapters = ("the body's adapters train and are averaged while the head's adapter stays as it started, which each "
+                "client then fine-tunes: give the adapter's targets a head (else it refuses, naming the head)")
     name = "fedbabu"
     summary = "body trained with the head frozen at its random initialisation; head fine-tuned before evaluation"
     server_weighting = ("the bodies: sample-weighted mean, FedAvg's rule (FedBABU's server is FedAvg's with the head "

@@ -15,6 +15,8 @@ from graphfed.methods.fedavg import FedAvg, FedAvgOptions
 
 
 class FedPer(FedAvg):
+    adapters = ("the head's adapter is the personal part and the body's adapters are averaged: give the adapter's "
+                "targets a head (else it refuses, naming the head); the frozen base never travels")
     name = "fedper"
     summary = "shared body averaged by the server, personal head trained jointly with it on each client"
     server_weighting = ("the bodies: sample-weighted mean, FedAvg's rule (FedPer's server step is FedAvg's on the "

@@ -67,6 +67,8 @@ class FedRepRule(ClientRule):
 
 
 class FedRep(FedAvg):
+    adapters = ("the head's adapter is the personal part and the body's adapters are averaged: give the adapter's "
+                "targets a head (else it refuses, naming the head); the frozen base never travels")
     name = "fedrep"
     summary = "shared body averaged by the server, personal head per client (head steps, then body steps)"
     server_weighting = ("the bodies: plain mean over the sampled clients, Collins et al. 2021, Algorithm 1 (phi <- 1 "

@@ -39,6 +39,8 @@ class FlhaDistillOptions(FedAvgOptions):
 
 
 class FlhaDistill(FedAvg):
+    adapters = ("refuses: it federates clients of different architectures (model.architectures), and a frozen base "
+                "with adapters is one network (model.base does not apply to model.architectures)")
     name = "flha-distill"
     summary = "FedAvg trains a shared teacher architecture; each client distils it into its own architecture"
     server_weighting = ("the teacher: sample-weighted mean, FedAvg's rule; each client's own network is distilled "

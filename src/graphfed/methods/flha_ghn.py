@@ -47,6 +47,8 @@ class FlhaGhnOptions(FedAvgOptions):
 
 
 class FlhaGhn(FedAvg):
+    adapters = ("refuses: it federates clients of different architectures (model.architectures), and a frozen base "
+                "with adapters is one network (model.base does not apply to model.architectures)")
     name = "flha-ghn"
     summary = ("clients of different architectures train one shared graph hypernetwork through their own "
                "architecture graph; the server averages GHN weights")

@@ -14,6 +14,8 @@ from graphfed.methods.fedavg import FedAvg, FedAvgOptions
 
 
 class LGFedAvg(FedAvg):
+    adapters = ("the head's adapter is averaged and the body's adapters stay personal: give the adapter's targets a "
+                "head (else it refuses, naming the head)")
     name = "lg-fedavg"
     summary = "personal body on each client, shared head averaged by the server"
     server_weighting = ("the heads: sample-weighted mean, FedAvg's rule (LG-FedAvg averages the global layers as "

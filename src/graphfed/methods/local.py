@@ -11,6 +11,7 @@ class Local(Method):
     name = "local"
     summary = "each client trains its own model alone (no federation)"
     server_weighting = "none: nothing leaves a client"
+    adapters = "each client trains its own adapter on the frozen base; nothing travels"
     architectures = "own"
     no_novel_model = "local shares nothing: a client that never trained has no model of its own"
     communicates = False  # the server-side rows are the simulation's bookkeeping of each client's own model

@@ -52,6 +52,9 @@ class PanaceaOptions(EmbeddingHypernetworkOptions):
 
 
 class Panacea(EmbeddingHypernetwork):
+    adapters = ("its hypernetwork writes each client's LoRA factors from the client's embedding passed through the GNN "
+                "over the client graph (on shakespeare: the dialogue graph, so a role's adapter draws on the roles it "
+                "answers); the client trains them on the frozen base and sends back their change")
     name = "panacea"
     summary = "GNN over the client graph + MLP hypernetwork + graph generator (lambda_d)"
     Options = PanaceaOptions

@@ -159,6 +159,12 @@ class CharTransformer(TargetModel):
     def _features(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """``x [S, B, T]`` -> ``[S, B, width]``: the last position's representation, after the final LayerNorm."""
         clients, batch, steps = x.shape
+        last = self._hidden(params, x).view(clients, batch, steps, self.width)[:, :, -1]
+        return self._layer_norm(params, "ln_f", last)
+
+    def _hidden(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """``x [S, B, T]`` -> ``[S, B*T, width]``: every position's representation before the final LayerNorm."""
+        batch = x.shape[1]
         h = self._embeddings(params, x.long())
         for i in range(len(self.blocks)):
             name = f"blocks.{i}"
@@ -166,8 +172,7 @@ class CharTransformer(TargetModel):
             up = F.gelu(self._linear(params, f"{name}.up", self._layer_norm(params, f"{name}.ln2", h)),
                         approximate="tanh")  # GPT-2's
             h = h + self._linear(params, f"{name}.down", up)
-        last = h.view(clients, batch, steps, self.width)[:, :, -1]
-        return self._layer_norm(params, "ln_f", last)
+        return h
 
     def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor,
                         features_only: bool = False) -> torch.Tensor:
@@ -176,6 +181,13 @@ class CharTransformer(TargetModel):
 
     def batched_head(self, params: dict[str, torch.Tensor], features: torch.Tensor) -> torch.Tensor:
         return self._linear(params, "head", features)
+
+    def sequence_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, T]`` -> ``[B, T, vocab]``: at every position the logits of the character after it (causal: a
+        position sees only those before it), which is how pretraining learns from every character of a window."""
+        params = {name: value.unsqueeze(0) for name, value in self.named_parameters()}
+        h = self._layer_norm(params, "ln_f", self._hidden(params, x.unsqueeze(0)))
+        return self.batched_head(params, h).view(*x.shape, self.vocab)
 
     def forward(self, x: torch.Tensor, features_only: bool = False) -> torch.Tensor:
         params = {name: value.unsqueeze(0) for name, value in self.named_parameters()}

@@ -1,7 +1,8 @@
 """A base network pretrained centrally on public text, which a federated run starts from (``model.base: PATH``).
 
 ``graphfed pretrain CONFIG --out base.pt`` trains the config's model without its adapter on the text of plays no
-client of the config's federation holds (:func:`public_plays`), Adam on the next-character loss, and writes
+client of the config's federation holds (:func:`public_plays`), Adam on the next-character loss (a causal
+transformer's at every position of a window, as language models pretrain; an LSTM's at the last), and writes
 :data:`FORMAT` (``torch.save`` of tensors, strings and numbers: it loads with ``weights_only=True``): the model's name
 and options, its weights, and its provenance (the plays it read, the steps, the seed, the code). A run with
 ``model.base`` loads those weights into its network before anything trains: under an adapter they are the frozen
@@ -119,11 +120,15 @@ def pretrain(config: RunConfig, out: Path, steps: int = 2000, batch: int = 64, l
         for group in optimizer.param_groups:  # cosine decay from lr to lr / 10
             group["lr"] = lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / max(1, steps))))
         rows = torch.randint(len(y), (batch,), generator=generator)
-        loss = F.cross_entropy(model(x[rows]), y[rows])
+        if hasattr(model, "sequence_logits"):  # a causal model learns from every position's next character
+            targets = torch.cat([x[rows, 1:].long(), y[rows, None]], dim=1)
+            loss = F.cross_entropy(model.sequence_logits(x[rows]).flatten(0, 1), targets.flatten())
+        else:
+            loss = F.cross_entropy(model(x[rows]), y[rows])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if (step + 1) % max(1, steps // 10) == 0:
             echo(f"step {step + 1}/{steps}: loss {np.mean(losses[-50:]):.3f}")
     model.eval()
