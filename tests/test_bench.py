@@ -679,3 +679,40 @@ def test_a_stale_cell_whose_rerun_fails_is_a_failure_not_its_old_summary(
     assert {seed: (out / "runs" / "fln" / "fedavg" / f"seed{seed}" / "summary.json").read_text()
             for seed in (0, 1)} == left
     assert "Not completed (left out of the table): `fedavg`: failed (exit 1): no output" in report.read_text()
+
+
+TEXTS = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "shakespeare"
+
+
+@pytest.mark.skipif(not TEXTS.is_dir(), reason="../shared/data/shakespeare is absent")
+def test_a_section_that_pretrains_starts_its_models_cells_from_one_base_named_by_how_it_was_made(
+        tmp_path: Path) -> None:
+    from graphfed.config import same_run
+
+    lora = {"width": 16, "layers": 1, "heads": 2, "adapter": {"kind": "lora", "rank": 2}}
+    section = {"pretrain": {"steps": 2, "batch": 4, "stride": 400},
+               "config": {"dataset": {"name": "shakespeare", "plays": ["macbeth"], "num_clients": 3,
+                                      "novel_fraction": 0.0, "text_stride": 80},
+                          "model": {"name": "char-transformer", "options": lora}},
+               "methods": ["fedavg", "lstm"],
+               "variants": {"lstm": {"method": "fedavg", "config": {"model": {"name": "leaf-lstm"}}}}}
+    suite = Suite.model_validate({"name": "t", "seeds": 2, "datasets": {"text": section},
+                                  "base": {"train": {"rounds": 1, "local_steps": 1, "batch_size": 4}}})
+    cells = suite_cells(suite, out=tmp_path)
+    bases = {str(cell.config.model.base) for cell in cells if cell.method == "fedavg"}
+    assert len(bases) == 1 and Path(bases.pop()).parent == tmp_path / "bases"  # one base for every seed
+    lstm = next(cell for cell in cells if cell.method == "lstm")
+    assert lstm.config.model.base is None and lstm.config.model.options == {}  # another model: none of its options
+    # pretrained otherwise, the base is another file, so the runs from it are runs of another config
+    section["pretrain"]["steps"] = 3
+    other = suite_cells(Suite.model_validate({"name": "t", "datasets": {"text": section}}), out=tmp_path)[0]
+    assert other.config.model.base != cells[0].config.model.base
+    # where the bases lie is not part of a run
+    moved = cells[0].config.model_copy(update={"model": cells[0].config.model.model_copy(
+        update={"base": f"/elsewhere/{Path(str(cells[0].config.model.base)).name}"})})
+    assert same_run(moved, cells[0].config) and not same_run(other.config, cells[0].config)
+    said: list[str] = []
+    bench.ensure_bases(suite, cells, TEXTS.parent, said.append)
+    assert Path(str(cells[0].config.model.base)).is_file() and "pretraining" in said[0]
+    bench.ensure_bases(suite, cells, TEXTS.parent, said.append)
+    assert said[-1].endswith("pretrained before, reused")

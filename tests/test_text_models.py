@@ -148,7 +148,10 @@ def test_a_hypernetwork_writes_each_roles_own_adapter(method: str) -> None:
         server.embeddings.weight[2] += 1.0
     after = server.personalize(clients).detach()
     moved = (after - before).abs().amax(dim=1) > 0
+    # pFedHN: that role's adapter alone; Panacea's GNN carries the move to the role's neighbours too
     assert moved.tolist() == [False, False, True, False] if method == "pfedhn" else moved[2]
+    # asked for some roles in another order, each gets its own adapter, not the one at its place in the request
+    torch.testing.assert_close(server.personalize(torch.tensor([3, 1])).detach(), after[[3, 1]])
 
 
 def test_the_loss_of_a_window_is_on_its_next_character() -> None:
@@ -161,6 +164,25 @@ def test_the_loss_of_a_window_is_on_its_next_character() -> None:
     assert model(x).shape == (2, 80)
     assert not torch.allclose(model(x), model(changed))  # the first character is read (causal, not masked out)
     assert float(F.cross_entropy(model(x), torch.tensor([3, 4]))) > 0
+
+
+def test_every_position_of_a_window_predicts_the_character_after_it() -> None:
+    """Pretraining's per-position logits: causal (a position never reads a later character), the last position's
+    are the model's output, and each position's target is the next character (the window's own, then ``y``)."""
+    from graphfed.models.pretrained import next_characters
+
+    torch.manual_seed(0)
+    model = build_model("char-transformer", TEXT, TINY)  # type: ignore[arg-type]
+    x = torch.randint(0, 80, (2, 80)).float()
+    logits = model.sequence_logits(x)
+    assert logits.shape == (2, 80, 80)
+    torch.testing.assert_close(logits[:, -1], model(x))
+    later = x.clone()
+    later[:, 40] = (later[:, 40] + 1) % 80
+    moved = (model.sequence_logits(later) - logits).abs().amax(dim=(0, 2)) > 1e-6
+    assert not moved[:40].any() and moved[40]
+    targets = next_characters(torch.tensor([[5.0, 6.0, 7.0]]), torch.tensor([8]))
+    assert targets.tolist() == [[6, 7, 8]]
 
 
 @needs_texts

@@ -78,6 +78,12 @@ def load_base(model: TargetModel, path: Path | str, name: str, options: dict[str
     return {"path": str(path), "sha256": file_sha256(Path(path).expanduser()), **saved.get("provenance", {})}
 
 
+def next_characters(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``[B, T]``: for windows ``x [B, T]`` and the characters after them ``y [B]``, the character after each
+    position (position t's is the window's t+1-th; the last position's is ``y``)."""
+    return torch.cat([x[:, 1:].long(), y.long()[:, None]], dim=1)
+
+
 def public_plays(config: RunConfig) -> list[str]:
     """The plays no client of ``config``'s federation holds: every play but ``dataset.plays`` and
     ``dataset.novel_plays`` (with no ``dataset.plays``, every play is the federation's: refused)."""
@@ -121,7 +127,7 @@ def pretrain(config: RunConfig, out: Path, steps: int = 2000, batch: int = 64, l
             group["lr"] = lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / max(1, steps))))
         rows = torch.randint(len(y), (batch,), generator=generator)
         if hasattr(model, "sequence_logits"):  # a causal model learns from every position's next character
-            targets = torch.cat([x[rows, 1:].long(), y[rows, None]], dim=1)
+            targets = next_characters(x[rows], y[rows])
             loss = F.cross_entropy(model.sequence_logits(x[rows]).flatten(0, 1), targets.flatten())
         else:
             loss = F.cross_entropy(model(x[rows]), y[rows])
