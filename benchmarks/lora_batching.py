@@ -6,8 +6,11 @@ frozen base is one set of buffers, each layer one product over all clients' rows
 of the adapted model (its base and its LoRA layers: one base per client), ``torch.optim.SGD`` over the client's
 LoRA parameters, ``zero_grad / backward / step`` on the client's batches, client after client. Both sides run the
 same steps of the same batch size from the same adapters on the same clients' windows (not the same batches).
-Each side runs in its own process, so its peak memory (``ru_maxrss``) is its own; sides alternate, ``--repeats``
-times, and the best time of each counts. ``ratio`` = loop seconds / graphfed seconds (above 1: graphfed faster).
+Each side runs in its own process, so its peak memory (``ru_maxrss``) is its own, and the part of it training added
+after the set-up (``training_rss_mb``: graphfed's activations of every client at once against one client's); sides
+alternate, ``--repeats`` times, and the best time of each counts. ``graphfed_model_state_mb`` is one base and N
+adapters, ``per_client_modules_state_mb`` the N bases and N adapters of client modules kept between rounds.
+``ratio`` = loop seconds / graphfed seconds (above 1: graphfed faster).
 
     .venv/bin/python benchmarks/lora_batching.py     # writes benchmarks/results/lora_batching.json
 """
@@ -53,20 +56,24 @@ def setting(args: argparse.Namespace) -> tuple[Any, Any, torch.Tensor, Any, Any]
     return model, spec, start, data, LocalTraining(args.steps, args.batch, 0.05)
 
 
-def run_graphfed(args: argparse.Namespace) -> float:
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_graphfed(args: argparse.Namespace) -> tuple[float, float]:
     from graphfed.client.contract import plain_sgd
     from graphfed.client.training import train_clients
 
     model, spec, start, data, training = setting(args)
     rule = plain_sgd(spec, "classification", training)
-    began = time.perf_counter()
+    set_up, began = peak_rss_mb(), time.perf_counter()
     train_clients(model, spec, start, data, rule, list(range(args.clients)))
-    return time.perf_counter() - began
+    return time.perf_counter() - began, set_up
 
 
-def run_loop(args: argparse.Namespace) -> float:
+def run_loop(args: argparse.Namespace) -> tuple[float, float]:
     model, spec, start, data, training = setting(args)
-    began = time.perf_counter()
+    set_up, began = peak_rss_mb(), time.perf_counter()
     for client in range(args.clients):
         local = copy.deepcopy(model)  # the client's module: its LoRA layers and its own copy of the base
         local.load_state_dict(dict(spec.unflatten(start[client])), strict=False)
@@ -79,14 +86,14 @@ def run_loop(args: argparse.Namespace) -> float:
             optimizer.zero_grad()
             nn.functional.cross_entropy(local(x[rows]), y[rows]).backward()
             optimizer.step()
-    return time.perf_counter() - began
+    return time.perf_counter() - began, set_up
 
 
 def side(args: argparse.Namespace) -> None:
     """One side of one cell in this process: its seconds and peak memory, as JSON on standard output."""
     torch.set_num_threads(args.threads)
-    seconds = (run_graphfed if args.side == "graphfed" else run_loop)(args)
-    print(json.dumps({"seconds": seconds, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    seconds, set_up = (run_graphfed if args.side == "graphfed" else run_loop)(args)
+    print(json.dumps({"seconds": seconds, "peak_rss_mb": peak_rss_mb(), "training_rss_mb": peak_rss_mb() - set_up}))
 
 
 def measure(clients: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -100,18 +107,26 @@ def measure(clients: int, args: argparse.Namespace) -> dict[str, Any]:
             runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
     best = {name: min(run["seconds"] for run in values) for name, values in runs.items()}
     memory = {name: max(run["peak_rss_mb"] for run in values) for name, values in runs.items()}
+    training = {name: max(run["training_rss_mb"] for run in values) for name, values in runs.items()}
     from graphfed.core.params import ParamSpec
 
     model, *_ = setting(argparse.Namespace(**{**vars(args), "clients": 1}))
     base_mb = sum(buffer.numel() * 4 for buffer in model.buffers()) / 2**20
+    adapter_mb = ParamSpec.from_module(model).dim * 4 / 2**20
     cell = {"clients": clients, "graphfed_s": best["graphfed"], "loop_s": best["loop"],
             "ratio": best["loop"] / best["graphfed"], "graphfed_peak_rss_mb": memory["graphfed"],
-            "loop_peak_rss_mb": memory["loop"], "base_mb": round(base_mb, 2),
-            "adapter_mb_per_client": round(ParamSpec.from_module(model).dim * 4 / 2**20, 4),
+            "loop_peak_rss_mb": memory["loop"], "graphfed_training_rss_mb": training["graphfed"],
+            "loop_training_rss_mb": training["loop"], "base_mb": round(base_mb, 3),
+            "adapter_mb_per_client": round(adapter_mb, 4),
+            # what each side holds of the model: graphfed one base and N adapters; a federation of PEFT modules
+            # kept per client (the loop's module, alive between rounds) N bases and N adapters
+            "graphfed_model_state_mb": round(base_mb + clients * adapter_mb, 3),
+            "per_client_modules_state_mb": round(clients * (base_mb + adapter_mb), 3),
             "runs": runs}
     print(f"{clients:4d} clients: graphfed {best['graphfed']:.2f} s, loop {best['loop']:.2f} s, ratio "
-          f"{cell['ratio']:.2f}x; peak RSS {memory['graphfed']:.0f} / {memory['loop']:.0f} MiB (base {base_mb:.1f} "
-          f"MiB)", flush=True)
+          f"{cell['ratio']:.2f}x; peak RSS {memory['graphfed']:.0f} / {memory['loop']:.0f} MiB, of which training "
+          f"{training['graphfed']:.0f} / {training['loop']:.0f}; model state {cell['graphfed_model_state_mb']:.1f} "
+          f"MiB against {cell['per_client_modules_state_mb']:.1f} MiB for {clients} client modules", flush=True)
     return cell
 
 

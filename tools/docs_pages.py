@@ -22,7 +22,7 @@ SUITES = ROOT / "src" / "graphfed" / "configs" / "suites"
 #: the reports that are pages of the site (folder under benchmarks/results -> page title in the navigation)
 REPORTS = {"paper": "Reproduction report", "baselines": "Baselines", "aggregation": "Personalised aggregation",
            "robustness": "Robustness", "flha": "FLHA-GHN", "privacy": "Privacy", "pfl_cifar10": "pfl-research CIFAR-10",
-           "fedaghn_self_weight": "FedAGHN self weight"}
+           "fedaghn_self_weight": "FedAGHN self weight", "shakespeare": "Shakespeare and LoRA adapters"}
 IMAGE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 CONSTRAINTS = {"gt": ">", "ge": "≥", "lt": "<", "le": "≤", "min_length": "length ≥", "max_length": "length ≤",
                "pattern": "matches"}
