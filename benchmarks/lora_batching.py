@@ -65,6 +65,7 @@ def run_graphfed(args: argparse.Namespace) -> tuple[float, float]:
     from graphfed.client.training import train_clients
 
     model, spec, start, data, training = setting(args)
+    model.clients_per_chunk = args.chunk  # as train.clients_per_chunk pins it in a run (None: all at once)
     rule = plain_sgd(spec, "classification", training)
     set_up, began = peak_rss_mb(), time.perf_counter()
     train_clients(model, spec, start, data, rule, list(range(args.clients)))
@@ -96,9 +97,10 @@ def side(args: argparse.Namespace) -> None:
     print(json.dumps({"seconds": seconds, "peak_rss_mb": peak_rss_mb(), "training_rss_mb": peak_rss_mb() - set_up}))
 
 
-def measure(clients: int, args: argparse.Namespace) -> dict[str, Any]:
+def measure(clients: int, chunk: int | None, args: argparse.Namespace) -> dict[str, Any]:
     common = ["--clients", str(clients), "--width", str(args.width), "--layers", str(args.layers), "--rank",
-              str(args.rank), "--steps", str(args.steps), "--batch", str(args.batch), "--threads", str(args.threads)]
+              str(args.rank), "--steps", str(args.steps), "--batch", str(args.batch), "--threads", str(args.threads),
+              *(["--chunk", str(chunk)] if chunk else [])]
     runs: dict[str, list[dict[str, float]]] = {"graphfed": [], "loop": []}
     for _ in range(args.repeats):
         for name in runs:
@@ -113,7 +115,8 @@ def measure(clients: int, args: argparse.Namespace) -> dict[str, Any]:
     model, *_ = setting(argparse.Namespace(**{**vars(args), "clients": 1}))
     base_mb = sum(buffer.numel() * 4 for buffer in model.buffers()) / 2**20
     adapter_mb = ParamSpec.from_module(model).dim * 4 / 2**20
-    cell = {"clients": clients, "graphfed_s": best["graphfed"], "loop_s": best["loop"],
+    cell = {"clients": clients, "clients_per_chunk": chunk or clients, "graphfed_s": best["graphfed"],
+            "loop_s": best["loop"],
             "ratio": best["loop"] / best["graphfed"], "graphfed_peak_rss_mb": memory["graphfed"],
             "loop_peak_rss_mb": memory["loop"], "graphfed_training_rss_mb": training["graphfed"],
             "loop_training_rss_mb": training["loop"], "base_mb": round(base_mb, 3),
@@ -123,7 +126,8 @@ def measure(clients: int, args: argparse.Namespace) -> dict[str, Any]:
             "graphfed_model_state_mb": round(base_mb + clients * adapter_mb, 3),
             "per_client_modules_state_mb": round(clients * (base_mb + adapter_mb), 3),
             "runs": runs}
-    print(f"{clients:4d} clients: graphfed {best['graphfed']:.2f} s, loop {best['loop']:.2f} s, ratio "
+    print(f"{clients:4d} clients, {chunk or clients:3d} at once: graphfed {best['graphfed']:.2f} s, loop "
+          f"{best['loop']:.2f} s, ratio "
           f"{cell['ratio']:.2f}x; peak RSS {memory['graphfed']:.0f} / {memory['loop']:.0f} MiB, of which training "
           f"{training['graphfed']:.0f} / {training['loop']:.0f}; model state {cell['graphfed_model_state_mb']:.1f} "
           f"MiB against {cell['per_client_modules_state_mb']:.1f} MiB for {clients} client modules", flush=True)
@@ -140,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--chunk", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--chunks", type=int, nargs="+", default=[0, 5], help="clients graphfed trains at once, as "
+                        "train.clients_per_chunk pins it (0: all, what a model that declares no chunk does)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS / "lora_batching.json")
     args = parser.parse_args(argv)
@@ -149,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from graphfed.provenance import code_provenance
 
-    cells = [measure(clients, args) for clients in args.clients]
+    cells = [measure(clients, chunk or None, args) for clients in args.clients for chunk in args.chunks]
     record = {"benchmark": "lora_batching", "model": f"char-transformer width {args.width}, {args.layers} layers, "
               f"4 heads, context 80, LoRA rank {args.rank} on qkv/out/up/down", "steps": args.steps,
               "batch": args.batch, "threads": args.threads, "repeats": args.repeats, "cells": cells,
