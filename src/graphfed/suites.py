@@ -291,8 +291,6 @@ def base_file(key: str, entry: SuiteDataset, shared: dict[str, Any]) -> str:
     """The file name of section ``key``'s pretrained base: it names what the base is (the pretraining, the model
     without its adapter, the federation's plays), so a base pretrained otherwise is another file and the runs
     from it are runs of another config."""
-    from graphfed.models.pretrained import without_adapter
-
     assert entry.pretrain is not None
     model, dataset = shared.get("model", {}), shared.get("dataset", {})
     identity = {"pretrain": entry.pretrain.model_dump(), "model": model.get("name"),
@@ -302,9 +300,13 @@ def base_file(key: str, entry: SuiteDataset, shared: dict[str, Any]) -> str:
     return f"{key}-{digest}.pt"
 
 
-def _is_the_sections_model(data: dict[str, Any], shared: dict[str, Any]) -> bool:
-    from graphfed.models.pretrained import without_adapter
+def without_adapter(options: dict[str, Any]) -> dict[str, Any]:
+    """A model's options as its base is built (the adapter left out), as ``graphfed.models.pretrained`` reads them
+    (this layer may not import models)."""
+    return {key: value for key, value in options.items() if key != "adapter"}
 
+
+def _is_the_sections_model(data: dict[str, Any], shared: dict[str, Any]) -> bool:
     mine, theirs = data.get("model", {}), shared.get("model", {})
     return bool(mine.get("name") == theirs.get("name") and without_adapter(mine.get("options", {}))
                 == without_adapter(theirs.get("options", {})))
