@@ -589,6 +589,11 @@ def validate_config(data: dict[str, Any]) -> RunConfig:
         raise ConfigError(_first_error(err)) from None
 
 
+def without_adapter(options: dict[str, Any]) -> dict[str, Any]:
+    """A model's options as its pretrained base is built (``model.options.adapter`` left out: a base has none)."""
+    return {key: value for key, value in options.items() if key != "adapter"}
+
+
 def same_run(recorded: RunConfig, config: RunConfig) -> bool:
     """Whether a run recorded with ``recorded`` (a checkpoint's or a run directory's config) is a run of ``config``.
 

@@ -71,13 +71,14 @@ class DeployedModel(torch.nn.Module):
     def __init__(self, network: TargetModel, task: str, input_shape: tuple[int, ...],
                  mean: torch.Tensor | None = None, spread: torch.Tensor | None = None, standardize: str = "none",
                  feature_names: list[str] | None = None, class_names: list[str] | None = None,
-                 target_scale: float | None = None, target_units: str | None = None) -> None:
+                 target_scale: float | None = None, target_units: str | None = None,
+                 alphabet: str | None = None) -> None:
         super().__init__()
         self.network, self.task, self.input_shape, self.standardize = network, task, input_shape, standardize
         self.feature_names, self.class_names = feature_names, class_names
         self.target_scale, self.target_units = target_scale, target_units
         #: text models: the characters of the classes (``graphfed predict --prompt``); None otherwise
-        self.alphabet: str | None = None
+        self.alphabet = alphabet
         # float64 statistics, applied in float64 as the run applied them (data/__init__.py: standardized)
         self.register_buffer("feature_mean", None if mean is None else mean.to(torch.float64))
         self.register_buffer("feature_spread", None if spread is None else spread.to(torch.float64))
@@ -208,17 +209,15 @@ def _deployed(model: dict[str, Any], state: dict[str, torch.Tensor], where: str 
     alphabet = outputs.get("alphabet")
     if alphabet is not None and not (isinstance(alphabet, str) and len(alphabet) == int(model["output_dim"])):
         raise UntrustedInputError(f"{where}: its alphabet is not {model['output_dim']} characters")
-    deployed = DeployedModel(network, str(model["task"]), tuple(int(d) for d in model["input_shape"]), mean, spread,
-                             str(inputs.get("standardize", "none")), names, classes,
-                             None if scale is None else float(scale), units if isinstance(units, str) else None)
-    deployed.alphabet = alphabet
-    return deployed
+    return DeployedModel(network, str(model["task"]), tuple(int(d) for d in model["input_shape"]), mean, spread,
+                         str(inputs.get("standardize", "none")), names, classes,
+                         None if scale is None else float(scale), units if isinstance(units, str) else None, alphabet)
 
 
 def generate(model: DeployedModel, prompt: str, length: int) -> str:
     """The ``length`` characters a text model writes after ``prompt``, each the most likely given the window of the
     characters before it (the prompt, then what it wrote). DataError for a model that does not read text."""
-    alphabet = getattr(model, "alphabet", None)
+    alphabet = model.alphabet
     if not alphabet or len(model.input_shape) != 1:
         raise DataError("--prompt: this model does not read text (its federation has no alphabet); give --input rows")
     window = model.input_shape[0]

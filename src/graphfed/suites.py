@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from graphfed.config import ConfigError, RunConfig, read_yaml_mapping, validate_config
+from graphfed.config import ConfigError, RunConfig, read_yaml_mapping, validate_config, without_adapter
 
 
 class _Strict(BaseModel):
@@ -298,12 +298,6 @@ def base_file(key: str, entry: SuiteDataset, shared: dict[str, Any]) -> str:
                 "plays": [dataset.get("plays"), dataset.get("novel_plays")]}
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:12]
     return f"{key}-{digest}.pt"
-
-
-def without_adapter(options: dict[str, Any]) -> dict[str, Any]:
-    """A model's options as its base is built (the adapter left out), as ``graphfed.models.pretrained`` reads them
-    (this layer may not import models)."""
-    return {key: value for key, value in options.items() if key != "adapter"}
 
 
 def _is_the_sections_model(data: dict[str, Any], shared: dict[str, Any]) -> bool:

@@ -23,17 +23,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from graphfed.config import ConfigError, RunConfig
+from graphfed.config import ConfigError, RunConfig, without_adapter
 from graphfed.errors import UntrustedInputError
 from graphfed.models import build_model
 from graphfed.models.base import TargetModel
 
 FORMAT = "graphfed-base"
-
-
-def without_adapter(options: dict[str, Any]) -> dict[str, Any]:
-    """The model's options as the base is built (its adapter left out: the base has none)."""
-    return {key: value for key, value in options.items() if key != "adapter"}
 
 
 def file_sha256(path: Path) -> str:
