@@ -64,6 +64,46 @@ def test_lora_adds_its_low_rank_term_to_a_frozen_base_and_starts_as_the_base() -
     torch.testing.assert_close(got, expected)
 
 
+def test_the_written_out_lora_backward_is_autograds_of_the_same_expression_to_second_order() -> None:
+    """``LoraLinear`` (forward and a hand-written backward) against autograd on ``W h + b + s B A h``: first
+    derivatives for the input and both factors, and second derivatives (Per-FedAvg's Hessian-vector products)."""
+    from graphfed.models.char_transformer import LoraLinear
+
+    torch.manual_seed(0)
+    weight, bias = torch.randn(6, 5, dtype=torch.double), torch.randn(6, dtype=torch.double)
+    inputs = (torch.randn(3, 7, 5, dtype=torch.double, requires_grad=True),
+              torch.randn(3, 2, 5, dtype=torch.double, requires_grad=True),
+              torch.randn(3, 6, 2, dtype=torch.double, requires_grad=True))
+
+    def written(h: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor) -> torch.Tensor:
+        return LoraLinear.apply(h, weight, bias, lora_a, lora_b, 1.5)
+
+    def plain(h: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor) -> torch.Tensor:
+        return F.linear(h, weight, bias) + 1.5 * h @ lora_a.transpose(1, 2) @ lora_b.transpose(1, 2)
+
+    torch.testing.assert_close(written(*inputs), plain(*inputs))
+    out_grad = torch.randn(3, 7, 6, dtype=torch.double)
+    for first, expected in zip(torch.autograd.grad(written(*inputs), inputs, out_grad, create_graph=True),
+                               torch.autograd.grad(plain(*inputs), inputs, out_grad, create_graph=True), strict=True):
+        torch.testing.assert_close(first, expected)
+    assert torch.autograd.gradgradcheck(written, inputs)
+
+
+def test_a_next_character_prediction_computes_only_the_last_position_and_gets_the_full_networks_answer() -> None:
+    """The last block computes the last position's query (keys and values of all): the same logits as the full
+    network's last position, with adapters that are not zero."""
+    torch.manual_seed(0)
+    model = build_model("char-transformer", TEXT, LORA)  # type: ignore[arg-type]
+    with torch.no_grad():
+        for value in model.parameters():
+            value.normal_(0, 0.3)
+        x = torch.randint(0, 80, (3, 80)).float()
+        torch.testing.assert_close(model(x), model.sequence_logits(x)[:, -1], rtol=1e-5, atol=1e-5)
+        earlier = x.clone()
+        earlier[:, 0] = (earlier[:, 0] + 1) % 80  # the last position reads the first (no causal mask cut it off)
+        assert not torch.allclose(model(x), model(earlier))
+
+
 def test_only_the_adapters_are_parameters_and_the_base_receives_no_gradient() -> None:
     model = build_model("char-transformer", TEXT, LORA)  # type: ignore[arg-type]
     assert isinstance(model, CharTransformer)
