@@ -144,7 +144,9 @@ def method_pages(catalogue: dict[str, Any]) -> dict[str, str]:
                 "", "## Server weighting", "", f"How the server weighs the clients it combines: "
                 f"{entry['server_weighting']}.", "", "## With LoRA adapters", "",
                 f"Under `model.options.adapter` (a frozen pretrained base, [how-to](../../how-to/transformers.md)): "
-                f"{entry['adapters']}.", "", "## Options", ""]
+                f"{entry['adapters']}.", "", "## Asynchronous rounds", "",
+                f"Under `train.server_mode: fedbuff | fedasync` ([how-to](../../how-to/asynchronous.md)): "
+                f"{entry['asynchronous']}.", "", "## Options", ""]
         if entry["options"]:
             page += ["| option | default | meaning |", "|---|---|---|"]
             page += [f"| `{option}` | {code(default)} | {cell(meaning)} |" for option, default, meaning in

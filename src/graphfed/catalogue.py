@@ -29,10 +29,20 @@ def build() -> dict[str, Any]:
                    for option, field in cls.Options.model_fields.items()]
         methods[name] = {"summary": cls.summary, "doc": inspect.getdoc(inspect.getmodule(cls)) or "",
                          "server_weighting": cls.server_weighting, "adapters": cls.adapters,
+                         "asynchronous": asynchronous_text(cls),
                          "options": options}
     return {"methods": methods,
             "datasets": {name: f"{info.task}: {info.description}" for name, info in sorted(DATASETS.items())},
             "models": {name: text for name, (_, text) in sorted(MODELS.items())}}
+
+
+def asynchronous_text(cls: Any) -> str:
+    """What a method does with updates that arrive as clients finish (``train.server_mode``), one sentence."""
+    if cls.asynchronous_refusal is not None:
+        return f"synchronous rounds only: {cls.asynchronous_refusal}"
+    global_model = getattr(cls, "sends_global_model", False)
+    return (("fedbuff and fedasync" if global_model else "fedbuff (fedasync mixes one global model, which it does not "
+             "have)") + ": " + cls.asynchronous)
 
 
 def render(catalogue: dict[str, Any]) -> str:

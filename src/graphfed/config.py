@@ -174,6 +174,21 @@ class MethodConfig(_Strict):
                                     "page, graphfed describe METHOD)")
 
 
+class ClockConfig(_Strict):
+    """The simulated clock (``train.clock``): how long each client's local training takes, and when it can train."""
+
+    step_seconds: float = Field(default=1.0, gt=0, description="seconds one local SGD step takes on a client of "
+                                "speed 1 (a dispatch's work is train.local_steps steps)")
+    speed_spread: float = Field(default=1.0, ge=1.0, description="how far client speeds spread: speeds are "
+                                "lognormal (seeded), and this is the ratio of the 95th to the 5th percentile (1: "
+                                "every client as fast; 10: the slowest twentieth ten times slower than the fastest)")
+    availability: float = Field(default=1.0, gt=0.0, le=1.0, description="the share of time each client is "
+                                "online: on for that share of every period_seconds, at a seeded phase per client; a "
+                                "client offline pauses its training and is not dispatched (1: always online)")
+    period_seconds: float = Field(default=600.0, gt=0, description="availability: the length of one on/off cycle")
+    server_seconds: float = Field(default=0.0, ge=0, description="seconds each server step takes")
+
+
 class TrainConfig(_Strict):
     rounds: int = Field(default=200, ge=1, description="communication rounds")
     clients_per_round: int = Field(default=5, ge=1, description="S, clients sampled per round")
@@ -234,6 +249,30 @@ class TrainConfig(_Strict):
                            "summary's execution); false: each model's declared chunk size")
     clients_per_chunk: int | None = Field(default=None, ge=1, description="pin how many clients train at once "
                                           "(overrides autotune; e.g. to reproduce another machine's run exactly)")
+    server_mode: Literal["sync", "fedbuff", "fedasync"] = Field(
+        default="sync", description="sync (each round waits for its slowest client), fedbuff (Nguyen et al. 2022: "
+        "concurrency clients train at once; the server steps each time buffer_size updates have arrived, each "
+        "weighted by the staleness function of how many server steps old its model is) or fedasync (Xie et al. "
+        "2019: the global model mixes with every arriving client model, at mixing times the staleness weight); "
+        "asynchronous modes count a round as one server step")
+    concurrency: int | None = Field(default=None, ge=1, description="fedbuff / fedasync: clients training at once "
+                                    "(default: twice the buffer, at most every training client)")
+    buffer_size: int | None = Field(default=None, ge=1, description="fedbuff: updates per server step, K (default: "
+                                    "clients_per_round)")
+    staleness: Literal["polynomial", "constant"] = Field(
+        default="polynomial", description="fedbuff / fedasync: an update tau server steps old weighs (1 + tau) ** "
+        "-staleness_exponent (polynomial; FedBuff's 1 / sqrt(1 + tau) at 0.5) or 1 (constant)")
+    staleness_exponent: float = Field(default=0.5, ge=0, description="staleness=polynomial: the exponent")
+    mixing: float = Field(default=0.6, gt=0, le=1, description="fedasync: alpha, the weight of an arriving model "
+                          "of staleness 0 (Xie et al.'s mixing hyperparameter)")
+    clock: ClockConfig = Field(default_factory=ClockConfig, description="the simulated clock: client speeds and "
+                               "availability; rounds.jsonl records sim_seconds")
+    target_score: float | None = Field(default=None, description="a test score (accuracy as a fraction, or MSE) "
+                                       "whose first reach summary.json times: time_to_target, in simulated seconds "
+                                       "and rounds (at evaluated rounds, so within train.eval_every)")
+    time_budget: float | None = Field(default=None, gt=0, description="stop once the simulated clock reaches this "
+                                      "many seconds (after the round that reaches it, which is evaluated): "
+                                      "accuracy at a fixed time")
     conv_kernel: Literal["auto", "loop", "vmap", "grouped", "unfold"] = Field(
         default="auto", description="how convolutional models run many clients' convolutions: loop (one client "
         "after another), vmap (torch.func.vmap), grouped (one grouped convolution, channels-last) or unfold (im2col "
@@ -246,6 +285,23 @@ class TrainConfig(_Strict):
         if self.select_by is not None and self.select_by not in ("accuracy", "mse", *self.metrics):
             raise ValueError(f"train.select_by: {self.select_by!r} is not scored; use accuracy, mse or one of "
                              f"train.metrics ({', '.join(self.metrics) or 'none given'})")
+        return self
+
+    @model_validator(mode="after")
+    def _asynchronous_settings_need_an_asynchronous_mode(self) -> TrainConfig:
+        if self.server_mode == "sync":
+            given = [name for name in ("concurrency", "buffer_size") if getattr(self, name) is not None]
+            if given:
+                raise ValueError(f"train.{given[0]}: only asynchronous rounds use it; set train.server_mode to fedbuff "
+                                 f"or fedasync, or leave it unset")
+            return self
+        if self.server_mode == "fedasync" and self.buffer_size not in (None, 1):
+            raise ValueError("train.buffer_size: fedasync steps on every arrival (a buffer of 1); use "
+                             "server_mode=fedbuff for a buffer")
+        faults = [name for name in ("dropout", "stragglers", "late_clients") if getattr(self, name)]
+        if faults:
+            raise ValueError(f"train.{faults[0]}: asynchronous rounds model slow and absent clients with "
+                             f"train.clock (speed_spread, availability); the per-round faults apply to sync rounds")
         return self
 
     @model_validator(mode="after")
@@ -441,6 +497,14 @@ class RunConfig(_Strict):
             raise ValueError("defense.simple_tuning: clients of different architectures have no shared "
                              "classifier layer to re-initialise (FLHA-GHN's inference already refines the head)")
         return self
+
+
+def runs_on_a_clock(config: RunConfig) -> bool:
+    """Whether simulated time is what the run is about (asynchronous rounds, a clock set, a time budget or target):
+    its curves are then drawn against ``sim_seconds`` too."""
+    train = config.train
+    return (train.server_mode != "sync" or train.clock != ClockConfig() or train.time_budget is not None
+            or train.target_score is not None)
 
 
 #: checks of a config's names against the registries, run on every validated config (see register_name_check)

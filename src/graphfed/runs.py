@@ -517,6 +517,15 @@ class RunResult(BaseModel):
     stopped_early: dict[str, Any] | None = None
     final_test_mean: float | None = None
     rounds: int = 0
+    #: the simulated clock at the end (``train.clock``; None under central DP, where a round's duration is secret)
+    sim_seconds: float | None = None
+    #: ``train.server_mode`` fedbuff / fedasync: the mode, buffer, concurrency and staleness function as run
+    asynchronous: dict[str, Any] | None = None
+    #: ``train.target_score``: ``{"target", "round", "sim_seconds"}`` of the first evaluation whose test mean reached
+    #: it (round and seconds None when none did)
+    time_to_target: dict[str, Any] | None = None
+    #: ``{"round", "time_budget", "sim_seconds"}`` when ``train.time_budget`` ended the run
+    stopped_at_time: dict[str, Any] | None = None
     num_clients: int | None = None
     clients_per_round: int | None = None
     num_novel_clients: int | None = None

@@ -169,7 +169,9 @@ class Claim(_Strict):
     dataset: str | None = Field(default=None, description="the suite's dataset key whose table tests the claim")
     better: str | None = Field(default=None, description="the method claimed to be better")
     than: list[str] = Field(default_factory=list, description="the methods it is claimed to beat")
-    column: Literal["test", "novel", "late"] = "test"
+    column: Literal["test", "novel", "late", "time"] = Field(
+        default="test", description="the score compared: test, novel or late joiners' (the metric), or time (the "
+        "simulated seconds to train.target_score: lower is better; undecided while a seed never reached it)")
     factor: float | None = Field(default=None, gt=1, description="MSE only: claimed ratio (theirs / ours), e.g. 100")
     see: str | None = Field(default=None, description="instead of a cell: the report that answers the claim")
 

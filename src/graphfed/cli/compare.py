@@ -92,6 +92,8 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
                                               "measures faster; N = N at a time; 1 = one run at a time")] = 0,
             test: Annotated[str, typer.Option(help="the test of each row against the best over seeds (Holm across "
                                               "them): welch, student or mann-whitney")] = "welch",
+            x: Annotated[str, typer.Option("--x", help="the curves' x axis: round, or time (the simulated clock, "
+                                           "train.clock: rounds.jsonl's sim_seconds)")] = "round",
             progress: bool = True, verbose: bool = False) -> None:
     """Run several methods (and variants) over several seeds; print one table of mean ± std over seeds."""
     from graphfed.config import apply_overrides
@@ -109,6 +111,7 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
         per_client_over_seeds,
         privacy_lines,
         standings_json,
+        time_to_target_line,
         verdict_lines,
     )
     from graphfed.runs import RoundLog, atomic_write_text
@@ -118,6 +121,8 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
     setup_logging(verbose)
     if test not in ("welch", "student", "mann-whitney"):
         fail(f"--test {test!r}: choose welch (Welch's t-test, the default), student or mann-whitney", EXIT_CONFIG)
+    if x not in ("round", "time"):
+        fail(f"--x {x!r}: choose round or time (the simulated clock)", EXIT_CONFIG)
     base = load(config, overrides)
     method_names = names(methods) or []
     rows_asked = {name: [f"method.name={name}"] for name in method_names}
@@ -191,6 +196,10 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
         console.print(line)
     if verdicts:
         markdown += "\n" + "".join(f"- {line}\n" for line in verdicts)
+    timing = time_to_target_line(rows, base.train.target_score)
+    if timing:
+        console.print(timing)
+        markdown += f"\n- {timing}\n"
     guarantee = privacy_lines(summaries)
     for line in guarantee:
         console.print(line)
@@ -216,7 +225,7 @@ def compare(config: Annotated[Path, typer.Argument(help="YAML run config (its me
     atomic_write_text(out / "compare.json", json.dumps({name: [result.to_json() for result in results]
                                                         for name, results in summaries.items()}, indent=2) + "\n")
     histories = {name: RoundLog(out / name / f"seed{base.seed}").read() for name in labels}
-    plot_comparison(histories, out / "compare.png", metric, title=dataset)
+    plot_comparison(histories, out / "compare.png", metric, title=dataset, x="sim_seconds" if x == "time" else x)
     extra = ", per_client.csv" if per_client else ""
     console.print(f"table: {out / 'compare.md'} (and compare.csv, verdicts.json{extra}), curves: {out / 'compare.png'}")
     fail_over_budget([run for results in summaries.values() for run in results])

@@ -169,4 +169,5 @@ def describe(method: Annotated[str, typer.Argument(help="a method name (graphfed
     console.print(entry["doc"], markup=False, highlight=False, soft_wrap=True)
     console.print(f"\nServer weighting: {entry['server_weighting']}", markup=False, highlight=False, soft_wrap=True)
     console.print(f"With LoRA adapters: {entry['adapters']}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"Asynchronous rounds: {entry['asynchronous']}", markup=False, highlight=False, soft_wrap=True)
     _print_options(method, entry["options"])

@@ -94,6 +94,8 @@ def _print_summary(result: RunResult) -> None:
                   f"{summary.wall_seconds:.1f}")
     show(table)
     print_lost_uploads(summary)
+    for line in clock_lines(summary):
+        console.print(line)
     for flag in summary.flags:
         console.print(f"[yellow]note:[/yellow] {flag}")
     if summary.privacy:
@@ -163,6 +165,8 @@ def show_run(run_dir: Annotated[Path, typer.Argument(help="a run directory (hold
     if result.stopped_early:
         console.print(f"stopped early at round {result.stopped_early['round']} (patience "
                       f"{result.stopped_early['patience']})")
+    for line in clock_lines(result):
+        console.print(line)
     if result.privacy:
         from graphfed.report.tables import privacy_sentence
 
@@ -172,6 +176,32 @@ def show_run(run_dir: Annotated[Path, typer.Argument(help="a run directory (hold
         console.print("no per-client scores (a run written by an older graphfed)")
         return
     show(per_client_table(result, None if show_all else 50))
+
+
+def clock_lines(result: RunResult) -> list[str]:
+    """What the simulated clock saw: asynchronous rounds, the time budget, the time to the target score."""
+    from graphfed.report.tables import plain
+
+    lines = []
+    if result.asynchronous:
+        rounds = result.asynchronous
+        lines.append(f"asynchronous: {rounds['server_mode']}, {rounds['concurrency']} clients training at once, "
+                     f"a server step every {rounds['buffer_size']} update(s) (staleness {rounds['staleness']}); "
+                     f"{rounds['server_steps']} steps from {rounds['dispatches']} dispatches")
+    if result.stopped_at_time:
+        stop = result.stopped_at_time
+        lines.append(f"stopped at round {stop['round']}: the simulated clock reached {stop['sim_seconds']:.0f} s of "
+                     f"its {stop['time_budget']:g} s budget")
+    elif result.sim_seconds and result.asynchronous:
+        lines.append(f"simulated clock at the end: {result.sim_seconds:.0f} s")
+    if result.time_to_target:
+        reached = result.time_to_target
+        scale = 100.0 if result.metric == "accuracy" else 1.0
+        target = f"{plain(scale * reached['target'])}{' %' if result.metric == 'accuracy' else ''}"
+        when = "" if reached["sim_seconds"] is None else f", {reached['sim_seconds']:.0f} simulated s"
+        lines.append(f"test mean reached {target} at round {reached['round']}{when}" if reached["round"] is not None
+                     else f"test mean never reached {target}")
+    return lines
 
 
 def print_lost_uploads(summary: RunResult) -> None:

@@ -9,7 +9,7 @@ import torch
 STREAMS = {"sampling": 1, "local_training": 2, "evaluation": 3, "method": 4, "init": 5, "novel": 6, "feedback": 7,
            "graph_rows": 8, "architecture": 9, "attack": 10,
            "tuning": 11, "late_clients": 12, "dropout": 13, "stragglers": 14, "privacy": 15, "clip_quantile": 16,
-           "server_gradient": 17, "novel_privacy": 18}
+           "server_gradient": 17, "novel_privacy": 18, "clock_speeds": 19, "clock_phases": 20, "dispatch": 21}
 
 
 def stream_seed(seed: int, round_index: int, purpose: str, client: int | None = None) -> int:

@@ -29,6 +29,9 @@ MIXING_ROWS_PER_CALL = 2048
 
 
 class PersonalizedAggregation(Method):
+    asynchronous_refusal = ("its server makes each client's model from a graph over every client's latest model, "
+                            "learned from one round's uploads together; updates sent at different server steps are "
+                            "not one round's models")
     adapters = ("each client's adapter is its own mix of every client's latest adapter, each LoRA factor (A or B of "
                 "one layer) a layer of the mix: factor by factor, with the collaboration graph's weights")
     server_weighting = ("no shared mean: each client starts from its own per-layer mix of every client's latest "

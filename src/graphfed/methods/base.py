@@ -80,6 +80,12 @@ class Method(ABC):
     #: weights the client was sent back then beside its delta, as asynchronous FL does (FedBuff); a method that
     #: sets this False loses late uploads instead
     accepts_late_uploads: ClassVar[bool] = True
+    #: why the method cannot take updates as they arrive (``train.server_mode: fedbuff | fedasync``), or None: it
+    #: can (one line, after "does not run asynchronously: ")
+    asynchronous_refusal: ClassVar[str | None] = (
+        "its server step has not been defined for updates that were sent at different server steps")
+    #: where it can: what it does with an update that arrives stale (``graphfed describe``, the method reference)
+    asynchronous: ClassVar[str] = ""
     #: why ``privacy.mechanism: central`` cannot protect this method's clients (None: it can). Central DP noises a
     #: sum once (FedAvg's update) or, for a hypernetwork, each client's gradient on the server's parameters
     #: (``private_server_gradient``); a server that mixes the individual uploads into each client's model has
@@ -262,6 +268,10 @@ class EmbeddingHypernetwork(Method):
     optimizer: torch.optim.Optimizer
     #: every client's model is a function of the server's parameters alone, so central DP is DP-SGD on them
     central_privacy_refusal = None
+    asynchronous_refusal = None
+    asynchronous = ("a client's weights are generated when it is dispatched, from the hypernetwork of that moment; "
+                    "each buffer's server step moves the current hypernetwork along the staleness-weighted deltas "
+                    "(the gradient at today's parameters, as for stragglers)")
     private_server_gradient = True
 
     def server_step(self, sent: torch.Tensor, direction: torch.Tensor, extra_loss: torch.Tensor | None = None) -> None:

@@ -58,6 +58,9 @@ class FedAGHN(PersonalizedAggregation):
     name = "fedaghn"
     summary = "per-client, per-layer attentive collaboration graphs (p self weight, q on update cosine)"
     Options = FedAGHNOptions
+    asynchronous_refusal = ("its attentive graph hypernetwork weighs each client's layers against the other clients' "
+                            "updates of the same round (cosine attention over the round's deltas); a buffer of "
+                            "updates sent at different server steps compares stale and fresh models as one round's")
 
     def __init__(self, context: MethodContext, options: FedAGHNOptions) -> None:
         super().__init__(context, options)

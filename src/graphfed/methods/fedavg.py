@@ -96,6 +96,10 @@ class FedAvg(Method):
 
     #: the server learns from a round only through the mean update: central DP noises the clipped sum instead
     central_privacy_refusal = None
+    asynchronous_refusal = None
+    asynchronous = ("FedBuff's and FedAsync's own setting: the global model moves by each buffer's staleness-weighted "
+                    "deltas, each the change from the model that client was sent (fedbuff), or mixes with each "
+                    "arriving client model (fedasync)")
 
     def update(self, client_ids: torch.Tensor, sent: torch.Tensor, delta: torch.Tensor,
                metrics: dict[str, torch.Tensor]) -> None:

@@ -136,6 +136,7 @@ class FedCP(FedAvg):
     server_weighting = ("feature extractor, global head and policy network: sample-weighted means, FedAvg's rule "
                         "(FedCP's server is FedAvg's)")
     Options = FedCPOptions
+    asynchronous_refusal = "its server averages the clients' policy networks beside their updates per round"
 
     def __init__(self, context: MethodContext, options: FedCPOptions) -> None:
         super().__init__(context, options)

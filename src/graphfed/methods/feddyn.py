@@ -58,6 +58,7 @@ class FedDyn(FedAvg):
     server_weighting = ("plain mean over the clients that reported, for the model and for the state h (Acar et al. "
                         "2021, FedDyn's Algorithm 1)")
     Options = FedDynOptions
+    asynchronous_refusal = "its server state h counts every client's drift per round (Acar et al.'s Algorithm 1)"
 
     def __init__(self, context: MethodContext, options: FedDynOptions) -> None:
         super().__init__(context, options)

@@ -160,6 +160,8 @@ class FedPAC(FedAvg):
                         "count-weighted per class; each head: the QP's classifier-collaboration weights over the "
                         "round's clients")
     Options = FedPACOptions
+    asynchronous_refusal = ("its server solves each round's head combination (a QP) over the round's class centroids "
+                            "and feature statistics together")
     sends_global_model = False  # each client gets its own head
 
     def __init__(self, context: MethodContext, options: FedPACOptions) -> None:

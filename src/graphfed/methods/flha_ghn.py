@@ -56,6 +56,7 @@ class FlhaGhn(FedAvg):
                         "GHN, which plain FedAvg aggregates)")
     Options = FlhaGhnOptions
     architectures = "ghn"
+    asynchronous_refusal = "its server averages the clients' GHN weights across architectures round by round"
 
     @classmethod
     def client_networks(cls, options: FlhaGhnOptions,  # type: ignore[override]

@@ -14,6 +14,7 @@ class Local(Method):
     adapters = "each client trains its own adapter on the frozen base; nothing travels"
     architectures = "own"
     no_novel_model = "local shares nothing: a client that never trained has no model of its own"
+    asynchronous_refusal = "each client trains alone: there is no server step to take asynchronously"
     communicates = False  # the server-side rows are the simulation's bookkeeping of each client's own model
 
     def __init__(self, context: MethodContext, options: MethodOptions) -> None:

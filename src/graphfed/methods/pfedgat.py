@@ -76,6 +76,9 @@ class PFedGAT(PersonalizedAggregation):
     name = "pfedgat"
     summary = "server-side GAT over client models learns the aggregation weights from validation feedback"
     Options = PFedGATOptions
+    asynchronous_refusal = ("its server GAT learns the aggregation from each client's validation feedback on the "
+                            "mix it was sent this round; a stale update's feedback is on a mix the GAT no longer "
+                            "makes")
 
     @classmethod
     def client_feedback(cls, options: MethodOptions) -> tuple[str, float]:

@@ -84,6 +84,8 @@ class Scaffold(FedAvg):
                         "(PFLlib's SCAFFOLD too)")
     weighs_by_samples = False
     Options = ScaffoldOptions
+    asynchronous_refusal = ("its control variates are corrected by the round's mean (Karimireddy et al.'s Algorithm "
+                            "1 assumes every update was computed against the same server variates)")
     central_privacy_refusal = "its server averages each client's control-variate update beside the model update"
 
     def __init__(self, context: MethodContext, options: ScaffoldOptions) -> None:

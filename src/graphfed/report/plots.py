@@ -40,11 +40,16 @@ def _metric_axis(ax: Any, metric: str, values: list[float], what: str) -> None:
     ax.set_ylim(max(0.0, low - margin), min(100.0, high + margin))
 
 
-def plot_curves(history: list[dict[str, Any]], path: Path, metric: str, title: str = "") -> None:
-    """Validation/test/novel metric and training loss against rounds."""
+#: what a curve's x axis can be: a record's key and its label
+X_AXES = {"round": "round", "sim_seconds": "simulated seconds (train.clock)"}
+
+
+def plot_curves(history: list[dict[str, Any]], path: Path, metric: str, title: str = "", x: str = "round") -> None:
+    """Validation/test/novel metric and training loss against rounds (``x="sim_seconds"``: the simulated clock)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, (ax_metric, ax_loss) = plt.subplots(1, 2, figsize=(10, 3.8))
-    rounds = [r["round"] for r in history]
+    history = [r for r in history if r.get(x) is not None]
+    rounds = [r[x] for r in history]
     plotted: list[float] = []
     for key, label in (("val_mean", "validation"), ("test_mean", "test"), ("novel_mean", "novel clients")):
         values = [r.get(key) for r in history]
@@ -52,14 +57,14 @@ def plot_curves(history: list[dict[str, Any]], path: Path, metric: str, title: s
             points = [shown(v, metric) for v in values]
             plotted += points
             ax_metric.plot(rounds, points, label=label)
-    ax_metric.set_xlabel("round")
+    ax_metric.set_xlabel(X_AXES[x])
     _metric_axis(ax_metric, metric, plotted, "mean over clients,")
     if plotted:
         ax_metric.legend()
     ax_metric.grid(alpha=0.3)
     # None: not reported (a private run releases no training loss)
     losses = [r.get("train_loss") if r.get("train_loss") is not None else float("nan") for r in history]
-    ax_loss.set_xlabel("round")
+    ax_loss.set_xlabel(X_AXES[x])
     ax_loss.set_ylabel("client training loss (last step)")
     if any(loss == loss and 0 < loss < float("inf") for loss in losses):
         ax_loss.plot(rounds, losses, color="tab:red")
@@ -80,16 +85,18 @@ def plot_curves(history: list[dict[str, Any]], path: Path, metric: str, title: s
 
 
 def plot_comparison(histories: dict[str, list[dict[str, Any]]], path: Path, metric: str,
-                    title: str = "") -> None:
-    """Test metric against rounds, one line per method (first seed)."""
+                    title: str = "", x: str = "round") -> None:
+    """Test metric against rounds (or ``x="sim_seconds"``: the simulated clock), one line per method (first
+    seed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(6, 4))
     plotted: list[float] = []
     for name, history in histories.items():
-        points = [shown(r["test_mean"], metric) for r in history]
+        timed = [r for r in history if r.get(x) is not None]
+        points = [shown(r["test_mean"], metric) for r in timed]
         plotted += points
-        ax.plot([r["round"] for r in history], points, label=name)
-    ax.set_xlabel("round")
+        ax.plot([r[x] for r in timed], points, label=name)
+    ax.set_xlabel(X_AXES[x])
     _metric_axis(ax, metric, plotted, "test,")
     ax.grid(alpha=0.3)
     ax.legend()

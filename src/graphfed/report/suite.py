@@ -17,9 +17,17 @@ from typing import Any
 import torch
 
 from graphfed import runs
+from graphfed.config import runs_on_a_clock
 from graphfed.provenance import code_provenance, cpu_kernels, vouches_checked_on
 from graphfed.report.plots import plot_comparison
-from graphfed.report.tables import add_standings, compare_rows, format_value, metric_note, row_cells
+from graphfed.report.tables import (
+    add_standings,
+    compare_rows,
+    format_value,
+    metric_note,
+    row_cells,
+    time_to_target_line,
+)
 from graphfed.report.tables import headers as table_headers
 from graphfed.report.verdicts import (
     TEST_NAME,
@@ -154,6 +162,9 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
     partial = [f"`{row['method']}` ({row['seeds']} of {len(seeds)})" for row in rows if row["seeds"] < len(seeds)]
     if partial:
         lines += ["", "Fewer seeds than the suite asks: " + ", ".join(partial)]
+    timing = time_to_target_line(rows, train.target_score)
+    if timing:
+        lines += ["", timing[0].upper() + timing[1:] + "."]
     for reference in entry.paper:
         lines += ["", f"*{reference.label}*: {reference.source}" + (f" ({reference.unit})" if reference.unit else "")
                   + (f". {reference.notes}" if reference.notes else "")]
@@ -162,7 +173,8 @@ def _dataset_section(key: str, entry: SuiteDataset, cells: list[Cell],
             histories = {row["method"]: runs.RoundLog(Cell(key, row["method"], config).directory(out)).read()
                          for row in rows}
             plot_comparison(histories, out / "plots" / f"{key}.png", config_metric(rows),
-                            title=f"{entry.title or key} (seed {config.seed})")
+                            title=f"{entry.title or key} (seed {config.seed})",
+                            x="sim_seconds" if runs_on_a_clock(config) else "round")
         lines += ["", f"![convergence, {key}](plots/{key}.png)"]
     return "\n".join(lines) + "\n", rows
 
@@ -219,8 +231,14 @@ def claim_verdict(claim: Claim, tables: dict[str, list[RunResult]]) -> dict[str,
     if missing:
         return {"here": f"no {claim.column} score yet for {', '.join(missing)}", "verdict": "not run yet",
                 "comparisons": [], "seeds_to_decide": None}
+    unreached = [f"{m} ({rows[m]['time_unreached']} of {rows[m]['seeds']} seeds)" for m in needed
+                 if claim.column == "time" and rows[m]["time_unreached"]]
+    if unreached:  # a seed that never reached the target has no time: the rest alone would flatter its row
+        return {"here": f"`{claim.dataset}`, time to the target: never reached by {', '.join(unreached)}",
+                "verdict": "inconclusive: a seed never reached the target within its run", "comparisons": [],
+                "seeds_to_decide": None}
     mine = rows[claim.better]["per_seed"][claim.column]
-    higher = rows[claim.better]["metric"] == "accuracy"
+    higher = rows[claim.better]["metric"] == "accuracy" and claim.column != "time"
     baselines = {other: rows[other]["per_seed"][claim.column] for other in claim.than}
     comparisons = compare_against(mine, baselines, higher)
     if claim.factor is not None:
@@ -238,6 +256,9 @@ def claim_verdict(claim: Claim, tables: dict[str, list[RunResult]]) -> dict[str,
             reached = {"beats": "reached", "loses": "missed", "undecided": "undecided"}[comparison.outcome]
             shown.append(f"ratio {comparison.baseline}/{claim.better} = {ratio:.3g}x against "
                          f"{claim.factor:g}x: {reached}, p={comparison.p_value:.2g}")
+    if claim.column == "time":  # how many times faster, as timing claims are made
+        shown += [f"{other} / {claim.better} = {fmean(theirs) / fmean(mine):.2f}x the time" for other, theirs
+                  in baselines.items() if fmean(mine) > 0]
     stale = [m for m in needed if rows[m].get("stale_runs")]
     if stale:
         shown.append(f"runs from older code (†) in {', '.join(stale)}")

@@ -170,7 +170,12 @@ def compare_rows(summaries: dict[str, list[RunResult]]) -> list[dict[str, Any]]:
             "chosen": {name: _mean_std([(r.metrics or {}).get(name, {}).get("test_mean") for r in runs])
                        for name in chosen_metrics(runs)},
             # the per-seed scores the verdicts test (report.json keeps them, and each run's summary with its seed)
+            # train.target_score: simulated seconds to reach it, over the seeds that did; how many never did
+            "time": _mean_std([(r.time_to_target or {}).get("sim_seconds") for r in runs]),
+            "time_unreached": sum(1 for r in runs if r.time_to_target is not None
+                                  and r.time_to_target.get("sim_seconds") is None),
             "per_seed": {"test": _present([r.test_mean for r in runs]),
+                         "time": _present([(r.time_to_target or {}).get("sim_seconds") for r in runs]),
                          "novel": _present([r.novel_mean for r in runs]),
                          "late": _present([r.late_test_final for r in runs])},
         })
@@ -320,6 +325,20 @@ def row_versus_trivial(row: dict[str, Any]) -> str | None:
 def below_trivial(row: dict[str, Any]) -> bool:
     """Whether the row's trained clients score worse, on average over its seeds, than their trivial predictors."""
     return row_versus_trivial(row) == "below"
+
+
+def time_to_target_line(rows: list[dict[str, Any]], target: float | None) -> str | None:
+    """``train.target_score``: each row's simulated seconds to reach it (mean ± std over the seeds that did, and how
+    many never did), one line; None without a target."""
+    if target is None or not rows:
+        return None
+    shown = f"{100 * target:g} %" if higher_is_better(rows[0]["metric"]) else f"{target:g}"
+    cells = [f"{row['method']} " + ("never" if row["time"] is None else
+                                     f"{row['time'][0]:.0f} ± {row['time'][1]:.0f} s")
+             + (f" ({row['seeds'] - row['time_unreached']} of {row['seeds']} seeds reached it)"
+                if row["time_unreached"] else "") for row in rows]
+    return (f"simulated seconds until the test mean first reached {shown} (train.clock; at evaluated rounds; mean ± "
+            f"std over the seeds that reached it): " + "; ".join(cells))
 
 
 def add_standings(rows: list[dict[str, Any]], test: str = "welch") -> None:

@@ -77,7 +77,8 @@ def state_of(sim: Simulator, completed_rounds: int) -> dict[str, Any]:
             "method": sim.setup.method.state_dict(), "clients": sim.executor.state_dict(),
             "tracker": vars(sim.tracker).copy(), "privacy_ledger": sim.ledger.state(),
             "torch_rng": torch.get_rng_state(),
-            **({"in_flight": sim.arrivals.state()} if len(sim.participation.straggler_ids) else {})}
+            **({"in_flight": sim.arrivals.state()} if len(sim.participation.straggler_ids) else {}),
+            **({"asynchronous": sim.async_server.state()} if sim.async_server is not None else {})}
 
 
 def novel_state_of(sim: Simulator, trained_method: dict[str, Any], steps: int) -> dict[str, Any]:
@@ -123,6 +124,8 @@ def restore(sim: Simulator, state: dict[str, Any]) -> int:
         sim.executor.load_state_dict(state.get("clients", {}))
         torch.set_rng_state(state["torch_rng"].cpu())
         sim.arrivals.load(state.get("in_flight", []))
+        if sim.async_server is not None:
+            sim.async_server.load(state["asynchronous"])
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         raise CheckpointError(f"--resume: the checkpoint's state does not fit this run's method, model or clients "

@@ -31,13 +31,15 @@ from graphfed.client.executor import ClientExecutor, TrainResult, check_update
 from graphfed.client.metrics import HIGHER_IS_BETTER
 from graphfed.client.placement import deterministic_algorithms
 from graphfed.client.privacy import NOISE_LEVERS, PrivacyLedger, ServerGradientPrivacy
-from graphfed.config import ConfigError, RunConfig, dump_config
+from graphfed.config import ConfigError, RunConfig, dump_config, runs_on_a_clock
 from graphfed.core import rng
 from graphfed.data.federation import Federation
 from graphfed.errors import NonFiniteUpdateError, RunStoppedError
 from graphfed.runs import RunResult
 from graphfed.setup import Setup, build_setup, resolve_torch_threads
 from graphfed.sim import checkpoint
+from graphfed.sim.asynchronous import AsyncServer, check_asynchronous
+from graphfed.sim.clock import SimulatedClock
 from graphfed.sim.observe import (
     BestModels,
     Checkpointer,
@@ -118,6 +120,13 @@ class Simulator:
         self.participation = Participation(config, self.setup, self.privacy, self.noise, self.clients_per_round)
         self.arrivals = Arrivals(config, self.setup, self.participation.straggler_ids)
         self.traffic = Traffic(self.setup, self.privacy, self.clients_per_round)
+        #: client speeds and availability: how long rounds take in simulated seconds (rounds.jsonl's sim_seconds)
+        self.sim_clock = SimulatedClock(config.train.clock, fed.num_clients, config.train.local_steps, config.seed)
+        check_asynchronous(config, self)
+        #: FedBuff / FedAsync's in-flight work and buffer (None: synchronous rounds)
+        self.async_server = (AsyncServer(config, self.sim_clock, fed.train_client_ids, self.clients_per_round)
+                             if config.train.server_mode != "sync" else None)
+        self.stopped_at_time: int | None = None  # the round at which train.time_budget ended the run
         self.trackers = build_trackers(config, self.out_dir)  # a missing tracker package stops us here
         self.stopped_early: int | None = None  # the round an early stop ended the run at
         self.models_note = models_note(self)
@@ -146,9 +155,14 @@ class Simulator:
     # ---- a round ------------------------------------------------------------------------------------------------
     def round_steps(self, round_index: int) -> Steps[dict[str, float | None]]:
         """One round's stages; returns its training statistics (None where a private run releases none)."""
+        if self.async_server is not None:  # a round is one server step of FedBuff / FedAsync
+            return (yield from self.async_server.round_steps(self))
         method, spec, tracker = self.setup.method, self.setup.spec, self.tracker
         central = self.privacy.mechanism == "central"
         client_ids = self.sample_clients(round_index)                                       # choose
+        # the round lasts until its slowest client is done (under central DP the cohort, and so its duration, is
+        # secret: the clock is not kept)
+        tracker.sim_seconds = None if central else self.sim_clock.round_end(client_ids, tracker.sim_seconds or 0.0)
         sent = method.personalize(client_ids).detach()                                      # send
         broadcast = {name: value.detach() for name, value in method.broadcast(client_ids).items()}
         if not torch.isfinite(sent).all() or not all(torch.isfinite(v).all() for v in broadcast.values()):
@@ -345,13 +359,20 @@ class Simulator:
             for round_index in range(start_round, cfg.train.rounds):
                 round_stats = yield from self.round_steps(round_index)
                 completed = round_index + 1
-                if completed % cfg.train.eval_every == 0 or completed == cfg.train.rounds:
+                budget, now = cfg.train.time_budget, self.tracker.sim_seconds
+                out_of_time = budget is not None and now is not None and now >= budget
+                if completed % cfg.train.eval_every == 0 or completed == cfg.train.rounds or out_of_time:
                     record = yield from self.evaluation_steps(round_index)
                     self._observe(record, round_stats, history, callbacks)
                 patience = cfg.train.patience
                 stopping = patience is not None and self.tracker.since_improvement >= patience
                 for callback in callbacks:
-                    callback.round_done(completed, stopping)
+                    callback.round_done(completed, stopping or out_of_time)
+                if out_of_time:
+                    self.stopped_at_time = completed
+                    log.info("train.time_budget: the simulated clock reached %.0f s (budget %g s) at round %d",
+                             now, budget, completed)
+                    break
                 if stopping:
                     self.stopped_early = completed
                     log.info("early stop after round %d: %d evaluations without a validation gain above %g "
@@ -374,8 +395,11 @@ class Simulator:
             runs.write_result(self.out_dir, result)
             from graphfed.report.plots import plot_curves
 
-            plot_curves(history, self.out_dir / "plots" / "curves.png", self.setup.federation.metric,
-                        title=f"{self.setup.method.name} on {self.setup.federation.name}")
+            title = f"{self.setup.method.name} on {self.setup.federation.name}"
+            plot_curves(history, self.out_dir / "plots" / "curves.png", self.setup.federation.metric, title=title)
+            if runs_on_a_clock(cfg) and self.tracker.sim_seconds is not None:
+                plot_curves(history, self.out_dir / "plots" / "curves_time.png", self.setup.federation.metric,
+                            title=title, x="sim_seconds")
         return result
 
     def _observe(self, record: dict[str, Any], round_stats: dict[str, float | None], history: list[dict[str, Any]],
@@ -383,7 +407,7 @@ class Simulator:
         """An evaluation's record: selected (or not) as the run's result, kept, handed to the callbacks."""
         self.account_time()
         record.update(round_stats, bytes_up=self.tracker.bytes_up, bytes_down=self.tracker.bytes_down,
-                      wall_seconds=self.tracker.elapsed)
+                      wall_seconds=self.tracker.elapsed, sim_seconds=self.tracker.sim_seconds)
         if self.config.train.dropout > 0 or len(self.participation.straggler_ids):
             # whose uploads were lost since the previous evaluation, by round (as a Flower run names its drops)
             since = history[-1]["round"] if history else 0

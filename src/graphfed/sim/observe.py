@@ -55,6 +55,9 @@ class Tracker:
     dropped: list[list[int | str]] = field(default_factory=list)
     late_uploads: int = 0  #: straggler updates that reached the method rounds late (``train.stragglers``)
     clip_norm: float | None = None  #: adaptive clipping (central DP): the clip the next round uses
+    #: the simulated clock (``train.clock``): seconds since the run began (None under central DP: a round's duration
+    #: would tell its secret cohort)
+    sim_seconds: float | None = 0.0
     #: a private run's ``privacy.model_selection: last``: the newest evaluation is the run's result, whatever the
     #: clients' validation scores say (choosing by them would read private data outside the mechanism)
     select_last: bool = False

@@ -10,7 +10,8 @@ round from several members become one call. Each client draws from its own run's
 id in its run), so a member's numbers are the numbers it gives alone; the summary's ``execution`` records the pack.
 
 Not packed (:func:`pack_refusal`): clients of different architectures, attacks (a per-run forgery of uploads),
-reproducible local-DP noise (keyed by a client's id), and Flower (clients run elsewhere).
+reproducible local-DP noise (keyed by a client's id), asynchronous rounds (each run dispatches on its own clock)
+and Flower (clients run elsewhere).
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def pack_refusal(config: RunConfig) -> str | None:
         return "an attack forges each run's own malicious clients' uploads"
     if config.privacy.mechanism == "local" and config.privacy.reproducible_noise:
         return "reproducible local-DP noise is keyed by each client's id in its own run"
+    if config.train.server_mode != "sync":
+        return "asynchronous rounds dispatch clients at times of their own run's clock"
     return None
 
 

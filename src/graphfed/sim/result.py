@@ -164,6 +164,14 @@ def graph_record(sim: Simulator) -> dict[str, Any]:
     return {"source": sim.config.dataset.graph, "edges": int(torch.count_nonzero(graph)) // 2}
 
 
+def time_to_target(history: list[dict[str, Any]], target: float, higher: bool) -> dict[str, Any]:
+    """The first evaluated round whose test mean reached ``target``, and its simulated time (None: never)."""
+    reached = next((record for record in history if record.get("test_mean") is not None
+                    and (record["test_mean"] >= target if higher else record["test_mean"] <= target)), None)
+    return {"target": target, "round": None if reached is None else reached["round"],
+            "sim_seconds": None if reached is None else reached.get("sim_seconds")}
+
+
 def build_result(sim: Simulator, history: list[dict[str, Any]], status: str,
                  novel_adapted: tuple[float | None, float | None]) -> RunResult:
     cfg, fed, setup, tracker = sim.config, sim.setup.federation, sim.setup, sim.tracker
@@ -197,7 +205,12 @@ def build_result(sim: Simulator, history: list[dict[str, Any]], status: str,
         "defense": cfg.defense.model_dump(mode="json"),
         "best_round": best.get("round"), "final_test_mean": last.get("test_mean"),
         **clients,
-        "rounds": last.get("round", 0), "num_clients": fed.num_clients,
+        "rounds": last.get("round", 0), "num_clients": fed.num_clients, "sim_seconds": tracker.sim_seconds,
+        **({"asynchronous": sim.async_server.record()} if sim.async_server is not None else {}),
+        **({"time_to_target": time_to_target(history, cfg.train.target_score, HIGHER_IS_BETTER[fed.metric])}
+           if cfg.train.target_score is not None else {}),
+        **({"stopped_at_time": {"round": sim.stopped_at_time, "time_budget": cfg.train.time_budget,
+                                "sim_seconds": tracker.sim_seconds}} if sim.stopped_at_time is not None else {}),
         "clients_per_round": sim.clients_per_round,
         "num_novel_clients": len(fed.novel_client_ids), "num_params": setup.spec.dim,
         "novel_clients": [fed.client_names[int(i)] for i in fed.novel_client_ids],
