@@ -33,6 +33,23 @@ def test_client_speeds_spread_as_configured_and_an_offline_client_pauses() -> No
     assert clock.finish(client, 60.0) == pytest.approx(230.0)  # waits for 100, then as from 0
 
 
+def test_a_dispatch_gets_exactly_its_work_in_online_time_from_any_start() -> None:
+    """Over many starts (window edges included, where a time summed window by window once stalled below a float's
+    resolution and hung a run), the online time between start and finish is the dispatch's work."""
+    clock = SimulatedClock(ClockConfig(availability=0.37, period_seconds=61.3, speed_spread=10.0), 50, 7, seed=4)
+    period, on = 61.3, 0.37 * 61.3
+    generator = torch.Generator().manual_seed(0)
+    for client, start in zip(torch.randint(50, (400,), generator=generator).tolist(),
+                             (torch.rand(400, generator=generator, dtype=torch.float64) * 5e4).tolist(), strict=True):
+        phase = float(clock.phases[client])
+        edge = (math.floor((start + phase) / period) * period - phase) + on  # a window's closing edge
+        for begin in (start, edge, math.nextafter(edge, 0.0)):
+            end = clock.finish(client, begin)
+            cycles = range(math.floor((begin + phase) / period), math.floor((end + phase) / period) + 1)
+            online = sum(max(0.0, min(end, k * period - phase + on) - max(begin, k * period - phase)) for k in cycles)
+            assert online == pytest.approx(clock.work_seconds(client), rel=1e-9, abs=1e-6)
+
+
 def rounds_without_wall_time(out_dir: Path) -> list[dict]:  # type: ignore[type-arg]
     return [without_wall_time(record) for record in read_rounds(out_dir)]
 

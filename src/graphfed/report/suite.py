@@ -227,7 +227,8 @@ def claim_verdict(claim: Claim, tables: dict[str, list[RunResult]]) -> dict[str,
                 "seeds_to_decide": None}
     rows = {row["method"]: row for row in tables.get(claim.dataset or "", [])}
     needed = [claim.better, *claim.than]
-    missing = [m for m in needed if m not in rows or not rows[m]["per_seed"][claim.column]]
+    missing = [m for m in needed if m not in rows or not (rows[m]["per_seed"][claim.column]
+                                                          or (claim.column == "time" and rows[m]["time_unreached"]))]
     if missing:
         return {"here": f"no {claim.column} score yet for {', '.join(missing)}", "verdict": "not run yet",
                 "comparisons": [], "seeds_to_decide": None}

@@ -39,31 +39,43 @@ class SimulatedClock:
         """Online seconds one dispatch of ``client`` takes."""
         return self.local_steps * self.config.step_seconds / float(self.speeds[client])
 
+    def _window(self, client: int, at: float) -> tuple[int, float]:
+        """The on/off cycle ``at`` falls in (its index) and when that cycle's on-window opens."""
+        period, phase = self.config.period_seconds, float(self.phases[client])
+        cycle = math.floor((at + phase) / period)
+        return cycle, cycle * period - phase
+
     def online(self, client: int, at: float) -> bool:
-        period = self.config.period_seconds
-        return (at + float(self.phases[client])) % period < self.config.availability * period
+        if self.config.availability >= 1.0:
+            return True
+        _, opens = self._window(client, at)
+        return at < opens + self.config.availability * self.config.period_seconds
 
     def next_online(self, client: int, at: float) -> float:
         """The first time from ``at`` on that ``client`` is online."""
         if self.online(client, at):
             return at
-        period = self.config.period_seconds
-        return at + period - (at + float(self.phases[client])) % period
+        cycle, _ = self._window(client, at)
+        return (cycle + 1) * self.config.period_seconds - float(self.phases[client])
 
     def finish(self, client: int, start: float) -> float:
         """When a dispatch of ``client`` that starts at ``start`` is done: its work in online time, paused while the
-        client is offline."""
+        client is offline. Walks the cycles by their index (a time summed window by window could stall below a
+        float's resolution at a window's edge)."""
         remaining = self.work_seconds(client)
         if self.config.availability >= 1.0:
             return start + remaining
         period, on = self.config.period_seconds, self.config.availability * self.config.period_seconds
-        now = self.next_online(client, start)
+        cycle, _ = self._window(client, start)
+        now = start
         while True:
-            online_left = on - (now + float(self.phases[client])) % period  # until this on-window closes
-            if remaining <= online_left:
-                return now + remaining
-            remaining -= online_left
-            now = self.next_online(client, now + online_left)
+            opens = cycle * period - float(self.phases[client])
+            now = max(now, opens)
+            if now < opens + on:
+                if remaining <= opens + on - now:
+                    return now + remaining
+                remaining -= opens + on - now
+            cycle += 1
 
     def round_end(self, client_ids: torch.Tensor, start: float) -> float:
         """When a synchronous round that starts at ``start`` with ``client_ids`` has its last update and its server
