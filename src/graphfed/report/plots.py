@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import io
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,7 @@ def plot_comparison(histories: dict[str, list[dict[str, Any]]], path: Path, metr
     _metric_axis(ax, metric, plotted, "test,")
     ax.grid(alpha=0.3)
     ax.legend()
-    ax.set_title(title)
+    ax.set_title(textwrap.fill(title, 60), fontsize=10)  # a section's title can be longer than the axes are wide
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
