@@ -29,7 +29,7 @@ import torch
 from graphfed.client.executor import TrainResult, check_update
 from graphfed.config import ConfigError, RunConfig
 from graphfed.core import rng
-from graphfed.errors import NonFiniteUpdateError
+from graphfed.errors import NonFiniteUpdateError, RunStoppedError
 from graphfed.sim.clock import SimulatedClock
 from graphfed.sim.requests import Steps, Train
 
@@ -112,10 +112,9 @@ class AsyncServer:
         idle = [int(c) for c in self.train_ids.tolist() if int(c) not in taken]
         if not idle:
             return None
-        online = [c for c in idle if self.clock.online(c, now)]
-        if not online:
-            soonest = min(self.clock.next_online(c, now) for c in idle)
-            online = [c for c in idle if self.clock.next_online(c, now) == soonest]
+        back_at = {c: self.clock.next_online(c, now) for c in idle}  # now for those online
+        soonest = min(back_at.values())
+        online = [c for c in idle if back_at[c] == soonest]
         draw = torch.randint(len(online), (1,), generator=rng.generator(self.config.seed, self.picks, "dispatch"))
         self.picks += 1
         return online[int(draw)]
@@ -132,13 +131,8 @@ class AsyncServer:
             taken.add(client)
         if not chosen:
             return
-        method = sim.setup.method
         client_ids = torch.tensor(sorted(chosen), dtype=torch.long)
-        sent = method.personalize(client_ids).detach()
-        broadcast = {name: value.detach() for name, value in method.broadcast(client_ids).items()}
-        if not torch.isfinite(sent).all():
-            raise NonFiniteUpdateError(f"server step {self.version}: the server produced non-finite weights")
-        sim.tracker.bytes_down += sim.traffic.down(client_ids, broadcast)
+        sent, broadcast = sim.send(client_ids, f"server step {self.version + 1}")
         result: TrainResult = yield Train(client_ids, sent, self.waves, "local_training", broadcast=broadcast)
         self.waves += 1
         check_update(result.delta, result.client_ids, sim.setup.spec.dim, self.version,
@@ -156,7 +150,7 @@ class AsyncServer:
         if not self.in_flight and not self.buffer:  # the run's start
             yield from self.dispatch(sim, self.concurrency, sim.tracker.sim_seconds)
         if not self.in_flight:
-            raise NonFiniteUpdateError("asynchronous server: no client is training and the buffer cannot fill")
+            raise RunStoppedError("asynchronous server: no client is training and the buffer cannot fill")
         while True:
             arrival = min(self.in_flight, key=lambda dispatch: (dispatch.finish, dispatch.client))
             self.in_flight.remove(arrival)

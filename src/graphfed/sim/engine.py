@@ -163,12 +163,7 @@ class Simulator:
         # the round lasts until its slowest client is done (under central DP the cohort, and so its duration, is
         # secret: the clock is not kept)
         tracker.sim_seconds = None if central else self.sim_clock.round_end(client_ids, tracker.sim_seconds or 0.0)
-        sent = method.personalize(client_ids).detach()                                      # send
-        broadcast = {name: value.detach() for name, value in method.broadcast(client_ids).items()}
-        if not torch.isfinite(sent).all() or not all(torch.isfinite(v).all() for v in broadcast.values()):
-            advice = f"; under DP the noise is the likely cause: lower it with {NOISE_LEVERS}" * self.privacy.active
-            raise NonFiniteUpdateError(f"round {round_index + 1}: the server produced non-finite weights{advice}")
-        tracker.bytes_down += self.traffic.down(client_ids, broadcast)
+        sent, broadcast = self.send(client_ids, f"round {round_index + 1}")                # send
         result: TrainResult = (                                                             # train
             (yield Train(client_ids, sent, round_index, "local_training", broadcast=broadcast)) if len(client_ids)
             else TrainResult.nothing(spec.dim, sent.device))
@@ -215,6 +210,18 @@ class Simulator:
         if not math.isfinite(loss):
             raise NonFiniteUpdateError(f"round {round_index + 1}: non-finite training loss")
         return {"train_loss": loss, "clients": len(result.client_ids)}
+
+    def send(self, client_ids: torch.Tensor, when: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """What ``client_ids`` are sent (the method's weights for them and their rows of its broadcast arrays),
+        checked finite and counted on the wire; ``when`` names the round or server step in an error."""
+        method = self.setup.method
+        sent = method.personalize(client_ids).detach()
+        broadcast = {name: value.detach() for name, value in method.broadcast(client_ids).items()}
+        if not torch.isfinite(sent).all() or not all(torch.isfinite(v).all() for v in broadcast.values()):
+            advice = f"; under DP the noise is the likely cause: lower it with {NOISE_LEVERS}" * self.privacy.active
+            raise NonFiniteUpdateError(f"{when}: the server produced non-finite weights{advice}")
+        self.tracker.bytes_down += self.traffic.down(client_ids, broadcast)
+        return sent, broadcast
 
     def run_round(self, round_index: int) -> dict[str, float | None]:
         return drive(self.round_steps(round_index), self.executor)
