@@ -11,6 +11,10 @@ evaluation every round, and injects its fault once round ``--fault-after`` has b
 * ``node_restarted``: SIGKILL one SuperNode, start it again a few seconds later with the same partition id and
   state folder (Flower gives it a new node id);
 * ``node_paused``: a straggler: SIGSTOP one SuperNode for a minute, then SIGCONT (it keeps its node id);
+* ``node_paused_fedbuff``: the same minute under ``train.server_mode: fedbuff`` (every node training at once, a
+  server step per 2 updates, as many updates and evaluations as the synchronous run): the other nodes keep training
+  through the pause. Both paused scenarios record the TRAIN messages each node took
+  during the pause (``trains_during_pause``, from the SuperNodes' logs);
 * ``min_replies_stop``: ``flower.min_replies`` = every node; SIGKILL one SuperNode: the round short of a reply stops
   the run; restart the node and ``flwr run`` again: it resumes;
 * ``serverapp_killed``: SIGKILL the ServerApp process; ``flwr run`` the same app again (``flower.resume: auto``);
@@ -66,7 +70,8 @@ from graphfed.provenance import code_provenance  # noqa: E402
 from test_flower_processes import VENV_BIN, Deployment, Processes, free_ports, marked_processes  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "faults.json"
-SCENARIOS = ("none", "node_killed", "node_restarted", "node_paused", "min_replies_stop", "serverapp_killed",
+SCENARIOS = ("none", "node_killed", "node_restarted", "node_paused", "node_paused_fedbuff", "min_replies_stop",
+             "serverapp_killed",
              "superlink_restarted", "rerun_while_running", "superlink_restarted_first_goes_on", "resume_after_end",
              "sim_stragglers", "nodes_20")
 RESTARTS = ("superlink_restarted", "superlink_restarted_first_goes_on")
@@ -82,8 +87,9 @@ torch_threads: 1
 dataset: {{name: fln, num_clients: {clients}, novel_fraction: 0}}
 model: {{name: mlp, options: {{hidden: 8}}}}
 method: {{name: ditto}}
-train: {{rounds: {rounds}, eval_every: 1, clients_per_round: {clients}, local_steps: 5, batch_size: 16}}
-flower: {{round_timeout: 120, query_timeout: 120, node_wait_timeout: 300{flower_extra}}}
+train: {{rounds: {rounds}, eval_every: {eval_every}, clients_per_round: {clients}, local_steps: 5, batch_size: 16\
+{train_extra}}}
+flower: {{round_timeout: {round_timeout}, query_timeout: 120, node_wait_timeout: 300{flower_extra}}}
 """
 #: what two runs of the same config must agree on when no update was lost
 NUMBERS = ("test_mean", "test_std", "val_mean", "best_round", "final_test_mean", "per_client")
@@ -115,6 +121,12 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
         time.sleep(0.2)
 
 
+def trains_received(dep: Deployment, nodes: int) -> dict[str, int]:
+    """TRAIN messages each SuperNode has taken so far (Flower logs "Receiving: train message" for each)."""
+    return {str(node): dep.procs.get(f"supernode{node}").log.read_bytes().count(b"Receiving: train message")
+            for node in range(nodes)}
+
+
 def serverapp_pids(dep: Deployment) -> list[int]:
     return [pid for pid, args in marked_processes(dep.procs.marker) if "flwr-serverapp" in args]
 
@@ -125,7 +137,15 @@ def scenario(name: str, workdir: Path, nodes: int, rounds: int, fault_after: int
     dep = deploy(workdir, nodes, database=name in RESTARTS)
     config_path = workdir / "run.yaml"
     extra = f", min_replies: {nodes}" if name == "min_replies_stop" else ""
-    config_path.write_text(CONFIG.format(clients=nodes, rounds=rounds, flower_extra=extra))
+    if name == "node_paused_fedbuff":  # as many updates (2 a step) and evaluations as the synchronous run
+        steps = rounds * nodes // 2
+        config_path.write_text(CONFIG.format(clients=nodes, rounds=steps, eval_every=steps // rounds,
+                                             train_extra=f", server_mode: fedbuff, buffer_size: 2, "
+                                                         f"concurrency: {nodes}",
+                                             round_timeout=120, flower_extra=extra))
+    else:
+        config_path.write_text(CONFIG.format(clients=nodes, rounds=rounds, eval_every=1, train_extra="",
+                                             round_timeout=120, flower_extra=extra))
     app, results = workdir / "app", workdir / "results"
     write_app_folder(load_config(config_path, []), app, results)
     record: dict[str, Any] = {"scenario": name, "nodes": nodes, "rounds": rounds, "exit_codes": []}
@@ -144,7 +164,11 @@ def scenario(name: str, workdir: Path, nodes: int, rounds: int, fault_after: int
             wait_until(lambda: rounds_done(results) >= fault_after or not run.alive(), RUN_TIMEOUT,
                        f"round {fault_after} evaluated")
             record["fault_at_round"] = rounds_done(results)
+            before = trains_received(dep, nodes)
             inject(name, dep)
+            if name.startswith("node_paused"):
+                after = trains_received(dep, nodes)
+                record["trains_during_pause"] = {node: after[node] - before[node] for node in after}
             if name == "superlink_restarted_first_goes_on":
                 # the first ServerApp reconnected if it evaluates another round; then a second one must be refused
                 wait_until(lambda: rounds_done(results) > record["fault_at_round"] or not serverapp_pids(dep),
@@ -195,6 +219,7 @@ def scenario(name: str, workdir: Path, nodes: int, rounds: int, fault_after: int
             "clients_dropped": sorted({d["client"] for d in summary.get("dropped_clients") or []}),
             "drop_counts": summary.get("drop_counts"), "missed_rounds": summary.get("missed_rounds"),
             "readmitted": summary.get("readmitted"), "resumed_at": summary.get("resumed_at"),
+            "trainings_sent": summary.get("trainings_sent"), "asynchronous": summary.get("asynchronous"),
             "scored_clients": summary.get("scored_clients"), "training_clients": summary.get("training_clients"),
             "coverage_by_round": {r["round"]: r.get("scored_clients") for r in rounds_log},
             "seconds_per_round": seconds_per_round(results, 2),
@@ -245,7 +270,8 @@ def status_of(results: Path, summary: dict[str, Any]) -> dict[str, Any]:
 def simulated_stragglers(workdir: Path, nodes: int, rounds: int) -> dict[str, Any]:
     """The simulator's model of a slow client (``train.stragglers``): one client in four uploads a round late."""
     config_path = workdir / "run.yaml"
-    config_path.write_text(CONFIG.format(clients=nodes, rounds=rounds, flower_extra=""))
+    config_path.write_text(CONFIG.format(clients=nodes, rounds=rounds, eval_every=1, train_extra="", round_timeout=120,
+                                         flower_extra=""))
     from graphfed.sim.engine import run_config
 
     result = run_config(load_config(config_path, ["train.stragglers=0.25", "train.straggler_delay=1"]),
@@ -288,7 +314,7 @@ def inject(name: str, dep: Deployment) -> None:
             dep.start_supernode(VICTIM)
     elif name == "min_replies_stop":
         procs.get(f"supernode{VICTIM}").signal_group(signal.SIGKILL)
-    elif name == "node_paused":  # a straggler: the node stops answering for a while, then carries on as itself
+    elif name.startswith("node_paused"):  # a straggler: the node stops answering for a while, then carries on as itself
         victim = procs.get(f"supernode{VICTIM}")
         victim.signal_group(signal.SIGSTOP)
         time.sleep(PAUSE_SECONDS)

@@ -398,6 +398,53 @@ def test_deployment_run_survives_a_killed_supernode(deployment: Deployment) -> N
 
 
 @pytest.mark.slow
+def test_deployment_fedbuff_keeps_the_other_nodes_training_while_one_is_stopped(deployment: Deployment) -> None:
+    """FedBuff on 3 SuperNodes (3 training at once, a server step per update, evaluation every 8 steps). Once step
+    8 is evaluated, client 2's SuperNode is SIGSTOPped for 30 s (the 60 s of ``benchmarks/flower_faults.py``'s
+    ``node_paused_fedbuff``, shortened for the suite). The server does not wait for it: the other two nodes take
+    training all through the pause while client 2 takes none; after SIGCONT it answers the message it held (a stale
+    update, weighed down by its staleness) and trains again. Nothing is lost: the run completes with no drop and
+    every step logged once, and ``graphfed status`` says who was sent how much. (A node silent for longer than
+    ``flower.round_timeout`` is dropped and probed: ``tests/test_flower_async.py``.)"""
+    deployment.ensure_supernodes()
+    procs = deployment.procs
+    app, results = write_app(procs.workdir, "fedbuff", "fedavg", "train.rounds=16", "train.server_mode=fedbuff",
+                             "train.buffer_size=1", "train.concurrency=3", eval_every=8, cli=False)
+    run = procs.start("flwr-run-fedbuff", [str(VENV_BIN / "flwr"), "run", str(app), "dep", "--stream"],
+                      deployment.cli_env())
+    deadline = time.monotonic() + KILL_TRIGGER_TIMEOUT
+    while not (results / "rounds.jsonl").exists() or not read_rounds(results):
+        if time.monotonic() > deadline or not run.alive():
+            pytest.fail(f"step 8 was never evaluated (flwr run exit {run.popen.poll()})\n{procs.tails()}")
+        time.sleep(0.1)
+    victim = procs.get("supernode2")
+
+    def trains_received() -> dict[str, int]:  # Flower logs "Receiving: train message" as a node takes one
+        return {str(node): procs.get(f"supernode{node}").log.read_bytes().count(b"Receiving: train message")
+                for node in range(NUM_NODES)}
+
+    before = trains_received()
+    victim.signal_group(signal.SIGSTOP)
+    time.sleep(30.0)
+    during = trains_received()
+    victim.signal_group(signal.SIGCONT)
+    procs.wait(run, RUN_TIMEOUT, "the run after the pause")
+
+    summary = read_summary(results, procs)
+    assert summary["status"] == "completed", procs.tails()
+    assert [r["round"] for r in read_rounds(results)] == [8, 16]
+    for client in ("0", "1"):  # the others took training all through the pause
+        assert during[client] - before[client] >= 2, (before, during)
+    assert during["2"] == before["2"], (before, during)  # stopped: it took nothing
+    assert trains_received()["2"] > during["2"]  # back: it trained again
+    assert summary["dropped_clients"] == [], summary["dropped_clients"]
+    assert set(summary["trainings_sent"]) == {"0", "1", "2"}
+    told = subprocess.run([str(VENV_BIN / "graphfed"), "status", str(results)], capture_output=True, text=True,
+                          timeout=60)
+    assert told.returncode == 0 and "fedbuff: 16 server steps" in told.stdout, told.stdout
+
+
+@pytest.mark.slow
 def test_deployment_a_second_serverapp_for_the_same_run_is_refused(deployment: Deployment) -> None:
     """The one-writer rule on loopback: `flwr run` the App while its first ServerApp is training (what an operator
     does after a SuperLink restart whose ServerApp reconnected). The second ServerApp is refused with one line

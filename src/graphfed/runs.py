@@ -368,7 +368,7 @@ def run_fate(out_dir: Path) -> tuple[str, str]:
         last = RoundLog(out_dir).read()[-1:] if (out_dir / ROUNDS_LOG).exists() else []
         where = f", last evaluated round {last[0]['round']}" if last else ""
         return "running", (f"running: pid {holder.get('pid', '?')} on {holder.get('host', '?')} since "
-                           f"{holder.get('started', '?')}{where}")
+                           f"{holder.get('started', '?')}{where}{silent_note(last[0] if last else {})}")
     status = read_status(out_dir)
     state = status.get("state") if status else None
     if state == "running":  # written by a writer that holds no lock now: killed, or its machine went down
@@ -386,7 +386,8 @@ def run_fate(out_dir: Path) -> tuple[str, str]:
         headline = "—" if result.test_mean is None else f"{scale * result.test_mean:.4g}{unit}"
         clients = (f", scored on {result.scored_clients} of {result.training_clients} training clients"
                    if result.scored_clients is not None else "")
-        line = f"test {result.metric} {headline} at round {result.best_round} of {result.rounds}{clients}"
+        line = (f"test {result.metric} {headline} at round {result.best_round} of {result.rounds}{clients}"
+                f"{asynchronous_note(result)}")
         above = (result.privacy or {}).get("above_target")
         if above:
             return "over_budget", (f"completed above its privacy target: {len(above)} client(s) above ε "
@@ -395,6 +396,26 @@ def run_fate(out_dir: Path) -> tuple[str, str]:
     if (out_dir / CHECKPOINT).exists():
         return "stopped", "stopped: an unfinished run (a checkpoint, no summary); resume it"
     return "none", f"{out_dir}: no run here"
+
+
+def silent_note(record: dict[str, Any]) -> str:
+    """An asynchronous Flower run's evaluation record: whose node has not answered, since which server step."""
+    silent = record.get("silent_clients") or {}
+    if not silent:
+        return ""
+    named = ", ".join(f"{client} (since step {step})" for client, step in list(silent.items())[:8])
+    return f"; the others train on, no answer from {named}{' and more' if len(silent) > 8 else ''}"
+
+
+def asynchronous_note(result: RunResult) -> str:
+    """An asynchronous Flower run's summary: how the training messages went to the nodes, and what timed out."""
+    sent = result.trainings_sent
+    if not sent or not result.asynchronous:
+        return ""
+    timeouts = (result.drop_counts or {}).get("timeout", 0)
+    spread = f"{min(sent.values())}-{max(sent.values())}" if len(set(sent.values())) > 1 else str(min(sent.values()))
+    return (f"; {result.asynchronous['server_mode']}: {result.asynchronous['server_steps']} server steps, "
+            f"{spread} training messages per node, {timeouts} drop(s) for a node that did not answer in time")
 
 
 def missed_rounds(drops: Iterable[tuple[int, str]]) -> dict[str, list[int]]:
@@ -555,6 +576,7 @@ class RunResult(BaseModel):
     missed_rounds: dict[str, list[int]] | None = None  #: client name -> the rounds its reply did not arrive in
     readmitted: list[dict[str, Any]] | None = None  #: clients taken over by a new node after theirs left
     resumed_at: list[int] | None = None  #: the completed rounds each restart of the ServerApp continued after
+    trainings_sent: dict[str, int] | None = None  #: asynchronous rounds on Flower: TRAIN messages per client's node
     #: set by ``graphfed bench`` when it ran the cell: seconds including the process start
     cell_seconds: float | None = None
 

@@ -65,6 +65,16 @@ class TrainResult:
                    {name: torch.zeros(0, device=device) for name in ("loss_first", "loss_last", "num_examples")})
 
 
+@dataclass
+class Collected:
+    """What ended of the training submitted without waiting (:meth:`ClientExecutor.submit`) since the last look."""
+
+    arrived: TrainResult  #: the updates that arrived, in arrival order (``rows`` unused)
+    lost: list[int]  #: clients whose training ended without a usable update (error, timeout, rejected reply)
+    idle: list[int]  #: clients free for new work now, those whose node answered last first (see the executor)
+    unanswered: list[int]  #: idle clients whose node's last work timed out (sent work only when no other is idle)
+
+
 class ClientExecutor(ABC):
     """Runs clients' local training and evaluation for the round loop."""
 
@@ -81,6 +91,15 @@ class ClientExecutor(ABC):
     def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int) -> dict[str, ClientScores]:
         """Scores on each client's val and test split of what the client evaluates, given the ``weights`` the
         server sends it (its client rule may replace them by its own state or fine-tune them first)."""
+
+    def submit(self, client_ids: torch.Tensor, start: torch.Tensor, round_index: int,
+               broadcast: dict[str, torch.Tensor] | None = None) -> None:
+        """Start local training without waiting for it (clients that answer in their own time)."""
+        raise NotImplementedError(f"{type(self).__name__} trains when asked (train), it has no clients of their own")
+
+    def collect(self, wait: float) -> Collected:
+        """The submitted training that ended since the last look, waiting up to ``wait`` s for some to end."""
+        raise NotImplementedError(f"{type(self).__name__} trains when asked (train), it has no clients of their own")
 
     def state_dict(self) -> dict[str, Any]:
         """Client state the server side must checkpoint (none where clients keep it themselves)."""

@@ -4,13 +4,15 @@ For tests and debugging of the Flower path without Ray or network processes. Eac
 (like real SuperNodes), its own ``Context`` with ``partition-id`` and a ``state-dir`` for its client's state
 (``state_dir``, default a temporary folder the grid owns). Nodes can be made to fail (error reply), vanish (no
 reply), lie (``tamper``: rewrite its replies) or be restarted under a new node id (``restart``) to exercise the
-server.
+server. A node can be stopped (``stop``: it keeps its messages unanswered, like a SIGSTOPped SuperNode) and
+continued (``go_on``: it answers what it holds whose time to live has not run out, then what comes).
 """
 
 from __future__ import annotations
 
 import random
 import tempfile
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -48,6 +50,9 @@ class InProcessGrid(Grid):
         self._replies: dict[str, Message] = {}
         self._run: Run | None = None
         self.sent: list[Message] = []
+        self.stopped: dict[int, list[tuple[str, Message]]] = {}  # stopped node -> the messages it holds
+        #: called with each message before it is delivered (tests stop and continue nodes from it)
+        self.on_push: Callable[[Message], None] | None = None
 
     def _new_id(self) -> int:
         return self._ids.randrange(1, 2**62)
@@ -67,6 +72,15 @@ class InProcessGrid(Grid):
         new_node = self._new_id()
         self.contexts[new_node] = self._context(partition_id, new_node)
         return new_node
+
+    def stop(self, node: int) -> None:
+        self.stopped.setdefault(node, [])
+
+    def go_on(self, node: int) -> None:
+        now = time.time()
+        for message_id, message in self.stopped.pop(node, []):
+            if message.metadata.created_at + message.metadata.ttl >= now:  # an expired message is never delivered
+                self._deliver(message_id, message)
 
     def set_run(self, run: Run) -> None:
         self._run = run
@@ -88,26 +102,36 @@ class InProcessGrid(Grid):
         ids = []
         for number, message in enumerate(messages, start=len(self.sent)):
             self.sent.append(message)
-            node = message.metadata.dst_node_id
             message_id = f"m{number}"
+            message.metadata.__dict__["_message_id"] = message_id  # as the SuperLink's grid does: replies name it
             ids.append(message_id)
-            if node in self.answers_left:
-                self.answers_left[node] -= 1
-                if self.answers_left[node] < 0:
-                    self.silent.add(node)
-            if node in self.silent or node not in self.contexts:
+            if self.on_push is not None:
+                self.on_push(message)
+            node = message.metadata.dst_node_id
+            if node in self.stopped:
+                self.stopped[node].append((message_id, message))
                 continue
-            if node in self.failing and message.metadata.message_type != MessageType.QUERY:
-                self._replies[message_id] = Message(Error(code=0, reason=f"node {node} failed"), reply_to=message)
-                continue
-            try:
-                reply = self.client_app(message, self.contexts[node])
-                if node in self.tamper and not reply.has_error():
-                    reply = Message(self.tamper[node](reply.content, message), reply_to=message)
-                self._replies[message_id] = reply
-            except Exception as err:  # a real SuperNode turns ClientApp exceptions into error replies
-                self._replies[message_id] = Message(Error(code=0, reason=repr(err)), reply_to=message)
+            self._deliver(message_id, message)
         return ids
+
+    def _deliver(self, message_id: str, message: Message) -> None:
+        node = message.metadata.dst_node_id
+        if node in self.answers_left:
+            self.answers_left[node] -= 1
+            if self.answers_left[node] < 0:
+                self.silent.add(node)
+        if node in self.silent or node not in self.contexts:
+            return
+        if node in self.failing and message.metadata.message_type != MessageType.QUERY:
+            self._replies[message_id] = Message(Error(code=0, reason=f"node {node} failed"), reply_to=message)
+            return
+        try:
+            reply = self.client_app(message, self.contexts[node])
+            if node in self.tamper and not reply.has_error():
+                reply = Message(self.tamper[node](reply.content, message), reply_to=message)
+            self._replies[message_id] = reply
+        except Exception as err:  # a real SuperNode turns ClientApp exceptions into error replies
+            self._replies[message_id] = Message(Error(code=0, reason=repr(err)), reply_to=message)
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return [self._replies.pop(mid) for mid in message_ids if mid in self._replies]

@@ -27,6 +27,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,7 +36,7 @@ from flwr.serverapp import Grid
 
 from graphfed.client.contract import LocalTraining
 from graphfed.client.evaluation import ClientScores
-from graphfed.client.executor import ClientExecutor, TrainResult
+from graphfed.client.executor import ClientExecutor, Collected, TrainResult
 from graphfed.config import ConfigError, RunConfig
 from graphfed.errors import RunStoppedError
 from graphfed.flower import protocol
@@ -80,6 +81,14 @@ class FlowerExecutor(ClientExecutor):
         self.run_token = uuid.uuid4().hex
         #: the round index each resume of this run started again at (nodes drop state written after it)
         self.resumes: list[int] = []
+        #: asynchronous rounds: the training submitted and not yet answered, by message id
+        self.pending: dict[str, PendingWork] = {}
+        #: asynchronous rounds: clients whose submitted training ended without an update, not yet collected
+        self.lost: list[int] = []
+        #: asynchronous rounds: clients whose last training timed out and that have not answered since
+        self.unanswered: set[int] = set()
+        #: asynchronous rounds: training messages sent to each client (its node's TRAIN messages)
+        self.trainings_sent: Counter[int] = Counter()
 
     # ---- node <-> client identity ------------------------------------------------------------------
     def wait_for_nodes(self) -> None:
@@ -145,10 +154,12 @@ class FlowerExecutor(ClientExecutor):
         self.known_nodes.add(node)
         log.warning("node %d refused: %s", node, reason)
 
-    def _drop(self, round_index: int, client_id: int, reason: str, kind: str) -> None:
+    def _drop(self, round_index: int, client_id: int, reason: str, kind: str, once_per_round: bool = True) -> None:
         """Record that ``client_id`` missed round ``round_index + 1``: once per client and round (a client whose
-        node is gone misses the round's training and its evaluation; that is one drop, named by the first)."""
-        if any(r == round_index + 1 and c == client_id for r, c, _ in self.dropped):
+        node is gone misses the round's training and its evaluation; that is one drop, named by the first).
+        Asynchronous rounds record each lost update (``once_per_round=False``): a client has one training out at a
+        time, and its loss is not the evaluation it missed."""
+        if once_per_round and any(r == round_index + 1 and c == client_id for r, c, _ in self.dropped):
             log.warning("round %d: client %d dropped again: %s", round_index + 1, client_id, reason)
             return
         self.dropped.append((round_index + 1, client_id, reason))
@@ -167,7 +178,10 @@ class FlowerExecutor(ClientExecutor):
                 "missed_rounds": missed,
                 "resumed_at": list(self.resumes),  # the completed rounds each resume continued after
                 "readmitted": [{"round": r, "client": c, "old_node": old, "new_node": new}
-                               for r, c, old, new in self.readmitted]}
+                               for r, c, old, new in self.readmitted],
+                # asynchronous rounds: the training messages each client's node was sent
+                **({"trainings_sent": {names[c]: self.trainings_sent[c] for c in sorted(self.trainings_sent)}}
+                   if self.trainings_sent else {})}
 
     def state_dict(self) -> dict[str, Any]:
         """The server's part of its clients: the run token under which nodes keep their clients' state, and what
@@ -175,7 +189,8 @@ class FlowerExecutor(ClientExecutor):
         return {"flower": {"run_token": self.run_token, "resumes": list(self.resumes),
                            "round_number": self.round_number, "dropped": [list(d) for d in self.dropped],
                            "drop_counts": dict(self.drop_counts),
-                           "readmitted": [list(r) for r in self.readmitted]}}
+                           "readmitted": [list(r) for r in self.readmitted],
+                           "trainings_sent": {str(client): n for client, n in self.trainings_sent.items()}}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not state:  # a checkpoint from before the run token: the nodes' state under it is lost, start afresh
@@ -191,6 +206,7 @@ class FlowerExecutor(ClientExecutor):
         self.dropped = [(int(r), int(c), str(why)) for r, c, why in flower["dropped"]]
         self.drop_counts = Counter({str(kind): int(n) for kind, n in flower["drop_counts"].items()})
         self.readmitted = [(int(r), int(c), int(old), int(new)) for r, c, old, new in flower["readmitted"]]
+        self.trainings_sent = Counter({int(client): int(n) for client, n in flower.get("trainings_sent", {}).items()})
 
     def _exchange(self, client_ids: torch.Tensor, contents: list[RecordDict], message_type: str,
                   round_index: int) -> dict[int, Message]:
@@ -203,9 +219,14 @@ class FlowerExecutor(ClientExecutor):
             if node is None:
                 self._drop(round_index, client_id, "no node serves this client", "no_node")
                 continue
+            if client_id in self.unanswered:  # asynchronous rounds: a silent node would hold the evaluation up
+                self._drop(round_index, client_id, "its node has not answered since its training timed out",
+                           "timeout")
+                continue
             client_of_node[node] = client_id
+            # a reply after the timeout is never read: the message need not outlive it on the SuperLink
             messages.append(Message(content, dst_node_id=node, message_type=message_type,
-                                    group_id=str(round_index + 1)))
+                                    group_id=str(round_index + 1), ttl=self.config.flower.round_timeout))
         replies: dict[int, Message] = {}
         received: Iterable[Message] = self.grid.send_and_receive(messages, timeout=self.config.flower.round_timeout)
         # The SuperLink answers for a node it declared unavailable, so match replies to the message they
@@ -232,47 +253,141 @@ class FlowerExecutor(ClientExecutor):
         return replies
 
     # ---- ClientExecutor --------------------------------------------------------------------------------
-    def train(self, client_ids: torch.Tensor, start: torch.Tensor, round_index: int, purpose: str,
-              steps: int | None = None, broadcast: dict[str, torch.Tensor] | None = None) -> TrainResult:
-        contents = []
-        for row, client_id in enumerate(client_ids.tolist()):
-            content = protocol.train_content(start[row], client_id, round_index, purpose, self.config.seed, steps,
-                                             self.run_token, tuple(self.resumes))
-            if broadcast:
-                content["broadcast"] = protocol.named_arrays({name: value[row] for name, value in broadcast.items()})
-            contents.append(content)
-        upload_shapes = self.upload_shapes if purpose == "local_training" else {}
-        replies = self._exchange(client_ids, contents, MessageType.TRAIN, round_index)
+    def _train_content(self, start: torch.Tensor, client_id: int, round_index: int, purpose: str,
+                       steps: int | None, broadcast: dict[str, torch.Tensor] | None) -> RecordDict:
+        """One client's training message: its weights ``start [dim]`` and its row of ``broadcast``."""
+        content = protocol.train_content(start, client_id, round_index, purpose, self.config.seed, steps,
+                                         self.run_token, tuple(self.resumes))
+        if broadcast:
+            content["broadcast"] = protocol.named_arrays(broadcast)
+        return content
+
+    def _checked_update(self, reply: Message, client_id: int, round_index: int, purpose: str,
+                        serving: int | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]] | None:
+        """A training reply's delta and metrics, validated; None (and the drop recorded) when it fails.
+        ``serving``: asynchronous rounds, the server step the reply arrived in (where a drop is recorded)."""
         feedback = self.training.feedback if purpose == "local_training" else "none"
         feedback_shape = {"none": None, "val_gradient": (self.dim,), "val_loss_pair": (2,)}[feedback]
-        rows, deltas, metrics = [], [], []
+        expect = protocol.TrainExpectation(client_id, self.dim, int(self.federation.train.counts[client_id]),
+                                           feedback_shape, self.upload_shapes if purpose == "local_training" else {})
+        try:
+            delta, reply_metrics = protocol.check_train_reply(reply.content, expect)
+        except Exception as err:  # a node's reply is untrusted input: drop it, never crash
+            self._drop(round_index if serving is None else serving, client_id,
+                       f"invalid reply rejected ({_reason(err)})", "invalid_reply", once_per_round=serving is None)
+            return None
+        if feedback_shape:
+            reply_metrics.update(protocol.feedback_seed(self.config.seed, round_index, client_id))
+        return delta, reply_metrics
+
+    def _result(self, client_ids: torch.Tensor, rows: list[int],
+                updates: list[tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> TrainResult:
+        """The updates that arrived, in the order of ``rows``, as one TrainResult on the server's device."""
+        index = torch.tensor(rows, dtype=torch.long, device="cpu")
+        keys = updates[0][1].keys() if updates else ("num_examples", "loss_first", "loss_last")
+        merged = {key: torch.cat([m[key] for _, m in updates]).to(self.device) if updates
+                  else torch.zeros(0, device=self.device) for key in keys}
+        stacked = (torch.stack([d for d, _ in updates]) if updates else torch.zeros(0, self.dim)).to(self.device)
+        return TrainResult(index, client_ids[index], stacked, merged)
+
+    def train(self, client_ids: torch.Tensor, start: torch.Tensor, round_index: int, purpose: str,
+              steps: int | None = None, broadcast: dict[str, torch.Tensor] | None = None) -> TrainResult:
+        contents = [self._train_content(start[row], client_id, round_index, purpose, steps,
+                                        {name: value[row] for name, value in (broadcast or {}).items()})
+                    for row, client_id in enumerate(client_ids.tolist())]
+        replies = self._exchange(client_ids, contents, MessageType.TRAIN, round_index)
+        rows, updates = [], []
         for row, client_id in enumerate(client_ids.tolist()):
             reply = replies.get(client_id)
-            if reply is None:
-                continue
-            expect = protocol.TrainExpectation(client_id, self.dim, int(self.federation.train.counts[client_id]),
-                                               feedback_shape, upload_shapes)
-            try:
-                delta, reply_metrics = protocol.check_train_reply(reply.content, expect)
-            except Exception as err:  # a node's reply is untrusted input: drop it, never crash
-                self._drop(round_index, client_id, f"invalid reply rejected ({_reason(err)})", "invalid_reply")
-                continue
-            if feedback_shape:
-                reply_metrics.update(protocol.feedback_seed(self.config.seed, round_index, client_id))
-            rows.append(row)
-            deltas.append(delta)
-            metrics.append(reply_metrics)
+            update = None if reply is None else self._checked_update(reply, client_id, round_index, purpose)
+            if update is not None:
+                rows.append(row)
+                updates.append(update)
         wanted = min(self.config.flower.min_replies or 0, len(client_ids))
         if purpose == "local_training" and len(rows) < wanted:
             raise PartialCohortError(f"round {round_index + 1}: {len(rows)} of {len(client_ids)} training replies "
                                      f"arrived, flower.min_replies is {self.config.flower.min_replies}; start the "
                                      f"run again to resume from its last checkpoint")
-        index = torch.tensor(rows, dtype=torch.long, device="cpu")
-        keys = metrics[0].keys() if metrics else ("num_examples", "loss_first", "loss_last")
-        merged = {key: torch.cat([m[key] for m in metrics]).to(self.device) if metrics
-                  else torch.zeros(0, device=self.device) for key in keys}
-        stacked = (torch.stack(deltas) if deltas else torch.zeros(0, self.dim, device="cpu")).to(self.device)
-        return TrainResult(index, client_ids[index], stacked, merged)
+        return self._result(client_ids, rows, updates)
+
+    # ---- asynchronous rounds: training submitted without waiting, its replies collected as they come -------------
+    def submit(self, client_ids: torch.Tensor, start: torch.Tensor, round_index: int,
+               broadcast: dict[str, torch.Tensor] | None = None) -> None:
+        """Send each client its training message and return at once. The message lives ``flower.round_timeout``
+        seconds on the SuperLink (a node stopped longer never trains on weights that old); a reply not here by
+        then is dropped (``collect``) and the client counts as unanswered until it answers."""
+        self.round_number = round_index + 1
+        self.discover()
+        timeout = self.config.flower.round_timeout
+        for row, client_id in enumerate(client_ids.tolist()):
+            node = self.node_of_client.get(client_id)
+            if node is None:
+                self._drop(round_index, client_id, "no node serves this client", "no_node")
+                self.lost.append(client_id)
+                continue
+            content = self._train_content(start[row], client_id, round_index, "local_training", None,
+                                          {name: value[row] for name, value in (broadcast or {}).items()})
+            message = Message(content, dst_node_id=node, message_type=MessageType.TRAIN,
+                              group_id=str(round_index + 1), ttl=timeout)
+            message_ids = list(self.grid.push_messages([message]))
+            if not message_ids or not message_ids[0]:
+                self._drop(round_index, client_id, "the SuperLink did not take its training message", "error")
+                self.lost.append(client_id)
+                continue
+            self.pending[message_ids[0]] = PendingWork(client_id, node, round_index, time.monotonic() + timeout)
+            self.trainings_sent[client_id] += 1
+
+    def collect(self, wait: float) -> Collected:
+        """The submitted training that ended, polling the SuperLink until something ends or ``wait`` s pass."""
+        deadline = time.monotonic() + wait
+        if not self.pending:  # nothing to wait for: look for nodes that joined or came back
+            self.discover()
+        arrived: list[tuple[int, tuple[torch.Tensor, dict[str, torch.Tensor]]]] = []
+        while True:
+            arrived += self._pull_training()
+            busy = {work.client for work in self.pending.values()}
+            free = [client for client in sorted(self.node_of_client) if client not in busy]
+            if arrived or self.lost or time.monotonic() >= deadline or (free and not self.pending):
+                break
+            time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+        lost, self.lost = self.lost, []
+        ids = torch.tensor([client for client, _ in arrived], dtype=torch.long)
+        result = self._result(ids, list(range(len(arrived))), [update for _, update in arrived])
+        return Collected(result, lost, [c for c in free if c not in self.unanswered],
+                         [c for c in free if c in self.unanswered])
+
+    def _serving(self) -> int:
+        """The round (server step, 0-based) being served: an asynchronous drop counts in the step it was seen in."""
+        return max(self.round_number - 1, 0)
+
+    def _pull_training(self) -> list[tuple[int, tuple[torch.Tensor, dict[str, torch.Tensor]]]]:
+        """Replies to the submitted training that came in (validated), and the drops of those that timed out."""
+        arrived = []
+        if self.pending:
+            for reply in self.grid.pull_messages(list(self.pending)):
+                work = self.pending.pop(reply.metadata.reply_to_message_id, None)
+                if work is None:
+                    continue
+                if reply.has_error():
+                    self._drop(self._serving(), work.client, f"error reply: {reply.error.reason}", "error", False)
+                elif reply.metadata.src_node_id != work.node:
+                    self._drop(self._serving(), work.client, f"reply from node {reply.metadata.src_node_id}, not "
+                               f"the client's", "invalid_reply", False)
+                elif (update := self._checked_update(reply, work.client, work.round_index, "local_training",
+                                                     self._serving())):
+                    self.unanswered.discard(work.client)
+                    arrived.append((work.client, update))
+                    continue
+                self.lost.append(work.client)
+        now = time.monotonic()
+        for message_id, work in list(self.pending.items()):
+            if now >= work.deadline:
+                del self.pending[message_id]
+                self._drop(self._serving(), work.client, f"no reply in {self.config.flower.round_timeout:g} s "
+                           f"(node stopped, failed or disconnected)", "timeout", False)
+                self.unanswered.add(work.client)
+                self.lost.append(work.client)
+        return arrived
 
     def evaluate(self, client_ids: torch.Tensor, weights: torch.Tensor, round_index: int) -> dict[str, ClientScores]:
         contents = [protocol.train_content(weights[row], client_id, round_index, "evaluation", self.config.seed,
@@ -302,12 +417,27 @@ class FlowerExecutor(ClientExecutor):
             for split in fed.evaluation_splits}
 
 
+@dataclass(frozen=True)
+class PendingWork:
+    """A training message submitted to a node and not yet answered."""
+
+    client: int
+    node: int
+    round_index: int
+    deadline: float  #: time.monotonic() after which the reply no longer counts
+
+
+#: seconds between two looks at the SuperLink for replies to submitted training
+POLL_SECONDS = 0.2
+
+
 class PartialCohortError(RunStoppedError):
     """Fewer training replies arrived than ``flower.min_replies``: the run stops, its checkpoint kept."""
 
 
 #: summary.json fields only the Flower engine writes
-FLOWER_FIELDS = ("dropped_clients", "drop_counts", "refused_nodes", "missed_rounds", "readmitted", "resumed_at")
+FLOWER_FIELDS = ("dropped_clients", "drop_counts", "refused_nodes", "missed_rounds", "readmitted", "resumed_at",
+                 "trainings_sent")
 #: the kinds of drop counted in summary.json
 DROP_KINDS = ("no_node", "error", "timeout", "invalid_reply")
 

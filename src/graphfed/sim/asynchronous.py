@@ -21,17 +21,19 @@ same moment train in one batched call.
 from __future__ import annotations
 
 import math
+import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from graphfed.client.executor import TrainResult, check_update
+from graphfed.client.executor import Collected, TrainResult, check_update
 from graphfed.config import ConfigError, RunConfig
 from graphfed.core import rng
 from graphfed.errors import NonFiniteUpdateError, RunStoppedError
 from graphfed.sim.clock import SimulatedClock
-from graphfed.sim.requests import Steps, Train
+from graphfed.sim.requests import Collect, Steps, Submit, Train
 
 if TYPE_CHECKING:
     from graphfed.sim.engine import Simulator
@@ -81,9 +83,9 @@ def check_asynchronous(config: RunConfig, sim: Simulator) -> None:
         raise ConfigError(f"{prefix}: the privacy accounting assumes each round's cohort is a Poisson sample of the "
                           f"clients (central) or counts uploads per round (local); asynchronous arrival follows the "
                           f"clients' speeds, which no accountant here covers; use train.server_mode=sync under DP")
-    if sim.on_flower:
-        raise ConfigError(f"{prefix}: the Flower engine runs synchronous rounds only; asynchronous rounds run in "
-                          f"the simulator (graphfed run)")
+    if sim.on_flower and config.train.time_budget is not None:
+        raise ConfigError(f"train.time_budget counts simulated seconds; on Flower the updates of {mode} arrive on "
+                          f"the wall clock: bound the run with train.rounds (server steps)")
     buffer = config.train.buffer_size or 0
     if buffer > len(sim.setup.federation.train_client_ids):
         raise ConfigError(f"train.buffer_size: {buffer} updates a step, but only "
@@ -182,7 +184,8 @@ class AsyncServer:
         sim.tracker.bytes_up += sim.traffic.up(TrainResult(rows, client_ids, delta, metrics))
         self.version += 1
         self.buffer = []
-        sim.tracker.sim_seconds += self.clock.config.server_seconds
+        if sim.tracker.sim_seconds is not None:
+            sim.tracker.sim_seconds += self.clock.config.server_seconds
         loss = float(metrics["loss_last"].mean())
         if not math.isfinite(loss):
             raise NonFiniteUpdateError(f"server step {self.version}: non-finite training loss")
@@ -208,4 +211,114 @@ class AsyncServer:
         self.buffer = [Dispatch.load(entry) for entry in state["buffer"]]
 
 
-__all__ = ["AsyncServer", "Dispatch", "check_asynchronous", "staleness_weights"]
+class LiveAsyncServer(AsyncServer):
+    """FedBuff / FedAsync with clients that answer in their own time (Flower nodes, :class:`Submit` and
+    :class:`Collect`): training is submitted to ``concurrency`` idle clients and its updates join the buffer in the
+    order they arrive on the wall clock. A client whose training ended without an update (its node failed, or did not
+    answer within ``flower.round_timeout``) frees its slot and is sent a probe beyond ``concurrency`` (:meth:`fill`),
+    so a stopped node delays its own update and nothing else, and trains again, from weights at most
+    ``flower.round_timeout`` old, once it answers. An evaluation still waits for every node that has not missed a
+    timeout (up to ``flower.round_timeout``): evaluate every few steps (``train.eval_every``). Arrival order is the
+    network's: unlike the simulator's, such a run is not reproducible to the bit.
+
+    A checkpoint keeps the updates that arrived and were not yet used; the training in flight is lost with the
+    ServerApp (a new one cannot collect its replies) and its clients are sent work again."""
+
+    def __init__(self, config: RunConfig, clock: SimulatedClock, train_ids: torch.Tensor,
+                 clients_per_round: int) -> None:
+        super().__init__(config, clock, train_ids, clients_per_round)
+        self.arrived: list[Dispatch] = []  #: updates collected and not yet in the buffer, in arrival order
+        self.sent_to: dict[int, tuple[int, torch.Tensor]] = {}  #: client in flight -> (version, weights) it was sent
+        self.started = self.last_arrival = time.monotonic()
+        self.idle: list[int] = []  #: the clients free for work at the last look, answering ones
+        self.unanswered: list[int] = []  #: idle clients whose last work timed out
+        self.silent: dict[int, int] = {}  #: client whose work ended without an update -> the server step it was in
+        self.probes: set[int] = set()  #: clients in flight whose last work had timed out (beyond concurrency)
+        self.sent_count: Counter[int] = Counter()  #: training sent to each client in this attempt of the run
+
+    def round_steps(self, sim: Simulator) -> Steps[dict[str, float | None]]:
+        sim.tracker.sim_seconds = None  # updates arrive on the wall clock (rounds.jsonl: wall_seconds)
+        patience = 2 * self.config.flower.round_timeout  # all work sent in that time has answered or timed out
+        while True:
+            while self.arrived and len(self.buffer) < self.buffer_size:
+                self.buffer.append(self.arrived.pop(0))
+            if len(self.buffer) >= self.buffer_size:
+                stats: dict[str, Any] = self.server_step(sim)
+                yield from self.fill(sim)
+                names = sim.setup.federation.client_names
+                # whose node has not answered since its work was lost (graphfed status), and the work each was sent
+                return {**stats, "silent_clients": {names[c]: step for c, step in sorted(self.silent.items())},
+                        "trainings_sent": {names[c]: n for c, n in sorted(self.sent_count.items())}}
+            collected: Collected = yield Collect(wait=1.0)
+            self.take(collected, sim)
+            yield from self.fill(sim)
+            if time.monotonic() - self.last_arrival > patience:
+                raise RunStoppedError(f"asynchronous server: no update arrived in {patience:g} s (twice "
+                                      f"flower.round_timeout), so no node is answering; start the run again to resume "
+                                      f"from its last checkpoint")
+            if not self.sent_to and not collected.arrived.client_ids.numel():
+                time.sleep(0.2)  # no work out and none given: wait for a node to join or come back
+
+    def take(self, collected: Collected, sim: Simulator) -> None:
+        """The updates that arrived join the queue for the buffer; lost work frees its client."""
+        result = collected.arrived
+        if result.client_ids.numel():
+            self.last_arrival = time.monotonic()
+        check_update(result.delta, result.client_ids, sim.setup.spec.dim, self.version,
+                     sim.setup.federation.client_names, sim.privacy.mechanism)
+        for position, client in enumerate(result.client_ids.tolist()):
+            if client not in self.sent_to:  # not this server's work (sent before a resume): never used
+                continue
+            version, sent = self.sent_to.pop(client)
+            self.silent.pop(client, None)
+            self.probes.discard(client)
+            self.arrived.append(Dispatch(client, version, time.monotonic() - self.started, sent,
+                                         result.delta[position].clone(),
+                                         {name: value[position:position + 1].clone()
+                                          for name, value in result.metrics.items()}))
+        for client in collected.lost:
+            self.sent_to.pop(client, None)
+            self.probes.discard(client)
+            self.silent.setdefault(client, self.version + 1)
+        self.idle, self.unanswered = collected.idle, collected.unanswered
+
+    def fill(self, sim: Simulator) -> Steps[None]:
+        """Submit training to idle answering clients until ``concurrency`` of them are training, and to each idle
+        client whose last work timed out (a probe, beyond the limit: its message expires after
+        ``flower.round_timeout`` and is sent again, so a node that comes back finds work at most that old)."""
+        waiting = {d.client for d in self.buffer} | {d.client for d in self.arrived} | set(self.sent_to)
+        pool = [client for client in self.idle if client not in waiting]
+        working = len(set(self.sent_to) - self.probes)
+        chosen: list[int] = []
+        while pool and working + len(chosen) < self.concurrency:
+            draw = torch.randint(len(pool), (1,), generator=rng.generator(self.config.seed, self.picks, "dispatch"))
+            self.picks += 1
+            chosen.append(pool.pop(int(draw)))
+        probes = [client for client in self.unanswered if client not in waiting]
+        self.idle = [client for client in self.idle if client not in chosen]
+        self.unanswered = []
+        if not chosen and not probes:
+            return
+        client_ids = torch.tensor(sorted(chosen + probes), dtype=torch.long)
+        sent, broadcast = sim.send(client_ids, f"server step {self.version + 1}")
+        yield Submit(client_ids, sent, self.version, broadcast)
+        self.waves += 1
+        self.probes |= set(probes)
+        for row, client in enumerate(client_ids.tolist()):
+            self.sent_to[client] = (self.version, sent[row].clone())
+            self.sent_count[client] += 1
+
+    def record(self) -> dict[str, Any]:
+        return {**super().record(), "arrivals": "wall clock (Flower nodes)"}
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "in_flight": [], "arrived": [d.state() for d in self.arrived],
+                "silent": [[client, step] for client, step in self.silent.items()]}
+
+    def load(self, state: dict[str, Any]) -> None:
+        super().load(state)
+        self.arrived = [Dispatch.load(entry) for entry in state.get("arrived", [])]
+        self.silent = {int(client): int(step) for client, step in state.get("silent", [])}
+
+
+__all__ = ["AsyncServer", "Dispatch", "LiveAsyncServer", "check_asynchronous", "staleness_weights"]

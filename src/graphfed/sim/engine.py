@@ -38,7 +38,7 @@ from graphfed.errors import NonFiniteUpdateError, RunStoppedError
 from graphfed.runs import RunResult
 from graphfed.setup import Setup, build_setup, resolve_torch_threads
 from graphfed.sim import checkpoint
-from graphfed.sim.asynchronous import AsyncServer, check_asynchronous
+from graphfed.sim.asynchronous import AsyncServer, LiveAsyncServer, check_asynchronous
 from graphfed.sim.clock import SimulatedClock
 from graphfed.sim.observe import (
     BestModels,
@@ -124,7 +124,8 @@ class Simulator:
         self.sim_clock = SimulatedClock(config.train.clock, fed.num_clients, config.train.local_steps, config.seed)
         check_asynchronous(config, self)
         #: FedBuff / FedAsync's in-flight work and buffer (None: synchronous rounds)
-        self.async_server = (AsyncServer(config, self.sim_clock, fed.train_client_ids, self.clients_per_round)
+        server = LiveAsyncServer if self.on_flower else AsyncServer  # Flower nodes answer in their own time
+        self.async_server = (server(config, self.sim_clock, fed.train_client_ids, self.clients_per_round)
                              if config.train.server_mode != "sync" else None)
         self.stopped_at_time: int | None = None  # the round at which train.time_budget ended the run
         self.trackers = build_trackers(config, self.out_dir)  # a missing tracker package stops us here

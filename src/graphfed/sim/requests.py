@@ -12,7 +12,7 @@ import torch
 
 from graphfed.client.executor import ClientExecutor
 
-__all__ = ["Evaluate", "Request", "Steps", "Train", "drive", "serve"]
+__all__ = ["Collect", "Evaluate", "Request", "Steps", "Submit", "Train", "drive", "serve"]
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,27 @@ class Evaluate:
     round_index: int
 
 
-Request = Train | Evaluate
+@dataclass(frozen=True)
+class Submit:
+    """Start training ``client_ids`` from ``start [S, dim]`` without waiting for them (an executor whose clients
+    answer in their own time: Flower nodes under an asynchronous server); answered with None, the updates come
+    through :class:`Collect`."""
+
+    client_ids: torch.Tensor
+    start: torch.Tensor
+    round_index: int
+    broadcast: dict[str, torch.Tensor] | None = None
+
+
+@dataclass(frozen=True)
+class Collect:
+    """The submitted training that has ended since the last look (waits up to ``wait`` seconds for something to
+    end); answered with :class:`graphfed.client.executor.Collected`."""
+
+    wait: float
+
+
+Request = Train | Evaluate | Submit | Collect
 T = TypeVar("T")
 Steps = Generator[Request, Any, T]
 
@@ -45,6 +65,10 @@ def serve(executor: ClientExecutor, request: Request) -> Any:
     if isinstance(request, Train):
         return executor.train(request.client_ids, request.start, request.round_index, request.purpose,
                               request.steps, request.broadcast)
+    if isinstance(request, Submit):
+        return executor.submit(request.client_ids, request.start, request.round_index, request.broadcast)
+    if isinstance(request, Collect):
+        return executor.collect(request.wait)
     return executor.evaluate(request.client_ids, request.weights, request.round_index)
 
 
