@@ -171,3 +171,23 @@ def test_an_update_is_as_stale_as_the_steps_since_its_client_was_sent_work() -> 
     arrived = TrainResult(torch.tensor([0]), torch.tensor([4]), torch.ones(1, 2), metrics)
     server.take(Collected(arrived, [], [], []), sim)  # type: ignore[arg-type]
     assert [(d.client, d.version) for d in server.arrived] == [(4, 3)] and server.sent_to == {}
+
+
+def test_an_evaluation_does_not_wait_the_timeout_for_a_stopped_node(tmp_path: Path) -> None:
+    """Client 1's node is stopped from its first training message on and ``flower.round_timeout`` is 300 s: each
+    evaluation still ends once the other nodes have answered and the stopped one had twice their time (plus 1 s),
+    scoring without it; the run completes every step without it."""
+    config = flower_config("fedavg", "train.rounds=4", *ASYNC[:-1], "flower.round_timeout=300")
+    grid = grid_for(config)
+    victim = grid.node_of_partition(1)
+
+    def on_push(message: Message) -> None:
+        if training(message) and message.metadata.dst_node_id == victim:
+            grid.stop(victim)
+
+    grid.on_push = on_push
+    summary = run_on_grid(grid, config, tmp_path / "run")
+    assert summary.status == "completed" and summary.rounds == 4
+    missed = [d for d in summary.dropped_clients if d["client"] == 1]
+    assert len(missed) == 4 and all("within 2x the time the faster half" in d["reason"] for d in missed), missed
+    assert [record["scored_clients"] for record in RoundLog(tmp_path / "run").read()] == [5, 5, 5, 5]

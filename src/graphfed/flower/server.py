@@ -81,6 +81,8 @@ class FlowerExecutor(ClientExecutor):
         self.run_token = uuid.uuid4().hex
         #: the round index each resume of this run started again at (nodes drop state written after it)
         self.resumes: list[int] = []
+        #: asynchronous rounds (train.server_mode fedbuff / fedasync): evaluations wait for no straggler
+        self.asynchronous = config.train.server_mode != "sync"
         #: asynchronous rounds: the training submitted and not yet answered, by message id
         self.pending: dict[str, PendingWork] = {}
         #: asynchronous rounds: clients whose submitted training ended without an update, not yet collected
@@ -228,7 +230,12 @@ class FlowerExecutor(ClientExecutor):
             messages.append(Message(content, dst_node_id=node, message_type=message_type,
                                     group_id=str(round_index + 1), ttl=self.config.flower.round_timeout))
         replies: dict[int, Message] = {}
-        received: Iterable[Message] = self.grid.send_and_receive(messages, timeout=self.config.flower.round_timeout)
+        cut_short = False
+        received: Iterable[Message]
+        if self.asynchronous and message_type == MessageType.EVALUATE:
+            received, cut_short = self._receive_without_stragglers(messages)
+        else:
+            received = self.grid.send_and_receive(messages, timeout=self.config.flower.round_timeout)
         # The SuperLink answers for a node it declared unavailable, so match replies to the message they
         # answer, falling back to the sender.
         client_of_message = {m.metadata.message_id: client_of_node[m.metadata.dst_node_id] for m in messages
@@ -248,9 +255,31 @@ class FlowerExecutor(ClientExecutor):
             replies[client_id] = reply
         for client_id in client_of_node.values():
             if client_id not in replies and not any(d[:2] == (round_index + 1, client_id) for d in self.dropped):
-                self._drop(round_index, client_id, "no reply before the timeout (node failed or disconnected)",
-                           "timeout")
+                why = (f"no evaluation within {self.config.flower.async_evaluation_wait:g}x the time the faster half "
+                       f"of the nodes took (asynchronous rounds wait for no straggler)" if cut_short
+                       else "no reply before the timeout (node failed or disconnected)")
+                self._drop(round_index, client_id, why, "timeout")
         return replies
+
+    def _receive_without_stragglers(self, messages: list[Message]) -> tuple[list[Message], bool]:
+        """Push ``messages`` and pull their replies until all are in, ``flower.round_timeout`` passes, or the slower
+        half of the nodes has had ``flower.async_evaluation_wait`` times what the faster half took (plus 1 s);
+        returns the replies and whether that cut-off ended the wait."""
+        pushed = [message_id for message_id in self.grid.push_messages(messages) if message_id]
+        waiting, received = set(pushed), []
+        began = time.monotonic()
+        timeout = deadline = began + self.config.flower.round_timeout
+        while waiting and time.monotonic() < deadline:
+            arrived = list(self.grid.pull_messages(list(waiting)))
+            received += arrived
+            waiting -= {reply.metadata.reply_to_message_id for reply in arrived}
+            if deadline == timeout and 2 * (len(pushed) - len(waiting)) >= len(pushed):
+                # the faster half is in: the others get a multiple of its time, not the whole timeout
+                half = time.monotonic() - began
+                deadline = min(timeout, began + self.config.flower.async_evaluation_wait * half + 1.0)
+            if waiting and not arrived:
+                time.sleep(POLL_SECONDS)
+        return received, bool(waiting) and deadline < timeout
 
     # ---- ClientExecutor --------------------------------------------------------------------------------
     def _train_content(self, start: torch.Tensor, client_id: int, round_index: int, purpose: str,
