@@ -328,10 +328,11 @@ class FlowerConfig(_Strict):
                                     "replies are fewer than this (or than the clients it asked, if fewer) stops the "
                                     "run with status 'stopped: ...' and its last checkpoint kept, to resume; default: "
                                     "a round completes with whatever arrived before round_timeout")
-    async_evaluation_wait: float = Field(default=2.0, ge=1.0, description="asynchronous rounds (train.server_mode "
-                                         "fedbuff / fedasync): an evaluation waits for the slower half of the nodes "
-                                         "up to this multiple of the time the faster half took (plus 1 s), then "
-                                         "scores without them, so a stopped node holds no evaluation up")
+    async_evaluation_wait: float = Field(default=3.0, ge=1.0, description="asynchronous rounds (train.server_mode "
+                                         "fedbuff / fedasync): an evaluation stops waiting for a node silent (no "
+                                         "reply to its training in flight or to the evaluation) for this multiple "
+                                         "of the nodes' median training reply time, and scores without it, so a "
+                                         "stopped node holds no evaluation up")
     checkpoint_every: int = Field(default=1, ge=1, description="rounds between the ServerApp's checkpoints (a "
                                   "deployment resumes from the last one; train.checkpoint_every is the simulator's)")
     secure_aggregation: bool = Field(default=False, description="SecAgg+ (Flower's legacy workflow): the server "

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -89,6 +90,8 @@ class FlowerExecutor(ClientExecutor):
         self.lost: list[int] = []
         #: asynchronous rounds: clients whose last training timed out and that have not answered since
         self.unanswered: set[int] = set()
+        #: asynchronous rounds: seconds from sending training to its reply, of the latest replies
+        self.latencies: deque[float] = deque(maxlen=64)
         #: asynchronous rounds: training messages sent to each client (its node's TRAIN messages)
         self.trainings_sent: Counter[int] = Counter()
 
@@ -233,7 +236,7 @@ class FlowerExecutor(ClientExecutor):
         cut_short = False
         received: Iterable[Message]
         if self.asynchronous and message_type == MessageType.EVALUATE:
-            received, cut_short = self._receive_without_stragglers(messages)
+            received, cut_short = self._receive_without_stragglers(messages, client_of_node)
         else:
             received = self.grid.send_and_receive(messages, timeout=self.config.flower.round_timeout)
         # The SuperLink answers for a node it declared unavailable, so match replies to the message they
@@ -255,31 +258,38 @@ class FlowerExecutor(ClientExecutor):
             replies[client_id] = reply
         for client_id in client_of_node.values():
             if client_id not in replies and not any(d[:2] == (round_index + 1, client_id) for d in self.dropped):
-                why = (f"no evaluation within {self.config.flower.async_evaluation_wait:g}x the time the faster half "
-                       f"of the nodes took (asynchronous rounds wait for no straggler)" if cut_short
+                why = (f"its node was silent for over {self.config.flower.async_evaluation_wait:g}x the nodes' median "
+                       f"training reply time (asynchronous rounds wait for no straggler)" if cut_short
                        else "no reply before the timeout (node failed or disconnected)")
                 self._drop(round_index, client_id, why, "timeout")
         return replies
 
-    def _receive_without_stragglers(self, messages: list[Message]) -> tuple[list[Message], bool]:
-        """Push ``messages`` and pull their replies until all are in, ``flower.round_timeout`` passes, or the slower
-        half of the nodes has had ``flower.async_evaluation_wait`` times what the faster half took (plus 1 s);
-        returns the replies and whether that cut-off ended the wait."""
-        pushed = [message_id for message_id in self.grid.push_messages(messages) if message_id]
-        waiting, received = set(pushed), []
+    def _receive_without_stragglers(self, messages: list[Message],
+                                    client_of_node: dict[int, int]) -> tuple[list[Message], bool]:
+        """Push ``messages`` and pull their replies until all are in or ``flower.round_timeout`` passes, giving up
+        on a node once it has been silent (no reply to its training in flight, or to this message) for
+        ``flower.async_evaluation_wait`` times the nodes' median training reply time; returns the replies and
+        whether a node was given up on."""
+        pushed = {message_id: client_of_node[message.metadata.dst_node_id]
+                  for message_id, message in zip(self.grid.push_messages(messages), messages, strict=True)
+                  if message_id}
         began = time.monotonic()
-        timeout = deadline = began + self.config.flower.round_timeout
-        while waiting and time.monotonic() < deadline:
+        training_since = {work.client: work.sent_at for work in self.pending.values()}
+        silent_since = {message_id: min(training_since.get(client, began), began)
+                        for message_id, client in pushed.items()}
+        waiting, received, given_up = set(pushed), [], False
+        while waiting and time.monotonic() < began + self.config.flower.round_timeout:
             arrived = list(self.grid.pull_messages(list(waiting)))
             received += arrived
             waiting -= {reply.metadata.reply_to_message_id for reply in arrived}
-            if deadline == timeout and 2 * (len(pushed) - len(waiting)) >= len(pushed):
-                # the faster half is in: the others get a multiple of its time, not the whole timeout
-                half = time.monotonic() - began
-                deadline = min(timeout, began + self.config.flower.async_evaluation_wait * half + 1.0)
+            if self.latencies:  # a straggler: silent for a multiple of what a node takes to train
+                patience = self.config.flower.async_evaluation_wait * statistics.median(self.latencies)
+                stragglers = {m for m in waiting if time.monotonic() - silent_since[m] > patience}
+                given_up |= bool(stragglers)
+                waiting -= stragglers
             if waiting and not arrived:
                 time.sleep(POLL_SECONDS)
-        return received, bool(waiting) and deadline < timeout
+        return received, given_up
 
     # ---- ClientExecutor --------------------------------------------------------------------------------
     def _train_content(self, start: torch.Tensor, client_id: int, round_index: int, purpose: str,
@@ -363,7 +373,8 @@ class FlowerExecutor(ClientExecutor):
                 self._drop(round_index, client_id, "the SuperLink did not take its training message", "error")
                 self.lost.append(client_id)
                 continue
-            self.pending[message_ids[0]] = PendingWork(client_id, node, round_index, time.monotonic() + timeout)
+            now = time.monotonic()
+            self.pending[message_ids[0]] = PendingWork(client_id, node, round_index, now, now + timeout)
             self.trainings_sent[client_id] += 1
 
     def collect(self, wait: float) -> Collected:
@@ -405,6 +416,7 @@ class FlowerExecutor(ClientExecutor):
                 elif (update := self._checked_update(reply, work.client, work.round_index, "local_training",
                                                      self._serving())):
                     self.unanswered.discard(work.client)
+                    self.latencies.append(time.monotonic() - work.sent_at)
                     arrived.append((work.client, update))
                     continue
                 self.lost.append(work.client)
@@ -453,6 +465,7 @@ class PendingWork:
     client: int
     node: int
     round_index: int
+    sent_at: float  #: time.monotonic() when it was pushed
     deadline: float  #: time.monotonic() after which the reply no longer counts
 
 

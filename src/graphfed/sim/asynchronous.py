@@ -217,9 +217,9 @@ class LiveAsyncServer(AsyncServer):
     order they arrive on the wall clock. A client whose training ended without an update (its node failed, or did not
     answer within ``flower.round_timeout``) frees its slot and is sent a probe beyond ``concurrency`` (:meth:`fill`),
     so a stopped node delays its own update and nothing else, and trains again, from weights at most
-    ``flower.round_timeout`` old, once it answers. An evaluation still waits for every node that has not missed a
-    timeout (up to ``flower.round_timeout``): evaluate every few steps (``train.eval_every``). Arrival order is the
-    network's: unlike the simulator's, such a run is not reproducible to the bit.
+    ``flower.round_timeout`` old, once it answers. An evaluation waits for no straggler either (the executor stops
+    waiting for a node silent for ``flower.async_evaluation_wait`` times the median training reply time). Arrival
+    order is the network's: unlike the simulator's, such a run is not reproducible to the bit.
 
     A checkpoint keeps the updates that arrived and were not yet used; the training in flight is lost with the
     ServerApp (a new one cannot collect its replies) and its clients are sent work again."""
@@ -244,7 +244,8 @@ class LiveAsyncServer(AsyncServer):
                 self.buffer.append(self.arrived.pop(0))
             if len(self.buffer) >= self.buffer_size:
                 stats: dict[str, Any] = self.server_step(sim)
-                yield from self.fill(sim)
+                if self.version < self.config.train.rounds:  # after the last step no work would be used
+                    yield from self.fill(sim)
                 names = sim.setup.federation.client_names
                 # whose node has not answered since its work was lost (graphfed status), and the work each was sent
                 return {**stats, "silent_clients": {names[c]: step for c, step in sorted(self.silent.items())},
