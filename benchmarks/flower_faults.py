@@ -358,6 +358,8 @@ def main() -> None:
             except Exception as err:  # a scenario that breaks is a finding too: record it, go on
                 records[name] = {"scenario": name, "nodes": nodes, "rounds": rounds,
                                  "status": f"harness error: {type(err).__name__}: {err}"[:300]}
+            # each scenario keeps the code that ran it (a later run of other scenarios leaves it as it was)
+            records[name]["code"] = {key: code[key] for key in ("code_id", "git_commit", "dirty")}
             print(json.dumps({k: v for k, v in records[name].items() if k != "numbers"}), flush=True)
     reference = records.get("none", {}).get("numbers")
     for record in records.values():
@@ -372,7 +374,7 @@ def main() -> None:
                 "method": "ditto", "dataset": "fln (one client per SuperNode, every client every round)",
                 "scenarios": [records[name] for name in SCENARIOS if name in records]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    document["code"] = code  # the numbers are tied to the code that made them
+    document["code"] = code  # the code of this invocation; each scenario names its own under "code"
     args.out.write_text(json.dumps(document, indent=2) + "\n")
     print(f"wrote {args.out}")
 

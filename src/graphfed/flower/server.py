@@ -225,8 +225,7 @@ class FlowerExecutor(ClientExecutor):
                 self._drop(round_index, client_id, "no node serves this client", "no_node")
                 continue
             if client_id in self.unanswered:  # asynchronous rounds: a silent node would hold the evaluation up
-                self._drop(round_index, client_id, "its node has not answered since its training timed out",
-                           "timeout")
+                self._drop(round_index, client_id, "its node has not answered since it went silent", "timeout")
                 continue
             client_of_node[node] = client_id
             # a reply after the timeout is never read: the message need not outlive it on the SuperLink
@@ -287,6 +286,8 @@ class FlowerExecutor(ClientExecutor):
                 stragglers = {m for m in waiting if time.monotonic() - silent_since[m] > patience}
                 given_up |= bool(stragglers)
                 waiting -= stragglers
+                # not waited for again until it answers something (its training reply clears this)
+                self.unanswered.update(pushed[m] for m in stragglers)
             if waiting and not arrived:
                 time.sleep(POLL_SECONDS)
         return received, given_up
