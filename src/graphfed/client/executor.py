@@ -22,6 +22,16 @@ from graphfed.models.base import TargetModel
 from graphfed.models.family import ArchitectureFamily
 
 
+def all_finite(values: torch.Tensor) -> bool:
+    """Whether every value is finite, in one reduction: a sum is finite only if every term is (a NaN or an infinity
+    makes it NaN or infinite), so a finite sum settles it; an infinite one (finite values can overflow it) is
+    checked value by value. ``torch.isfinite(x).all()`` makes four passes and two boolean copies of ``x``: 0.5 s of
+    a 3.7 s round at 100 clients x 0.88 M weights (``benchmarks/pfllib_side_by_side.py --profile``)."""
+    if not values.is_floating_point() or values.numel() == 0:
+        return True
+    return bool(torch.isfinite(values.sum())) or bool(torch.isfinite(values).all())
+
+
 def check_update(update: torch.Tensor, client_ids: torch.Tensor, dim: int, round_index: int,
                  client_names: list[str] | None = None, mechanism: str = "none") -> None:
     """Reject wrong-shaped or non-finite client weights/updates, naming the offending clients (by name when
@@ -34,6 +44,8 @@ def check_update(update: torch.Tensor, client_ids: torch.Tensor, dim: int, round
     if update.ndim != 2 or update.shape != (len(client_ids), dim):
         raise InvalidUpdateError(f"round {round_index + 1}: client update shape {tuple(update.shape)}, "
                                  f"({len(client_ids)}, {dim}) expected")
+    if all_finite(update):
+        return
     bad = ~torch.isfinite(update).all(dim=1)
     if bad.any():
         culprits = [client_names[i] if client_names is not None else str(i) for i in client_ids[bad].tolist()]

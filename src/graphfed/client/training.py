@@ -58,13 +58,14 @@ def values_per_chunk(device: torch.device) -> int:
 
 def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data: ClientSplit, rule: ClientRule,
                   batch_seeds: Sequence[int], state: dict[str, torch.Tensor] | None = None,
-                  broadcast: dict[str, torch.Tensor] | None = None) -> LocalResult:
+                  broadcast: dict[str, torch.Tensor] | None = None, out: torch.Tensor | None = None) -> LocalResult:
     """The one local-training loop: every client (row of ``start``) trains simultaneously under ``rule`` (whose
     setting says how: steps, batch size, learning rate, task).
 
     Mini-batches come from :func:`draw_batch_indices` with one seed per client. Returns the trained weights
     ``[S, dim]``, per-client metrics (``loss_first``, ``loss_last``, ``num_examples``) and the clients' new
-    state. Clients with no training rows keep their start weights.
+    state. Clients with no training rows keep their start weights. ``out``: a ``[S, dim]`` tensor the trained weights
+    are written into (chunks write their rows of it: no copy of every client's weights to join them).
     """
     if start.shape != (data.num_clients, spec.dim):
         raise ValueError(f"start weights must be [{data.num_clients}, {spec.dim}], got {tuple(start.shape)}")
@@ -75,11 +76,15 @@ def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data
         # Clients are independent: large models train a chunk of clients at a time, so the weights, gradients
         # and updates of a step stay cache-sized (50 clients x 1.6M parameters rewritten per step are
         # memory-bound); results equal all-at-once training up to float rounding.
+        trained = torch.empty(start.shape, dtype=start.dtype, device=start.device) if out is None else out
+
         def train_chunk(rows: torch.Tensor) -> LocalResult:
+            first, last = int(rows[0]), int(rows[-1]) + 1  # chunks are consecutive clients: a view of their rows
             return train_clients(model, spec, start[rows], data.select(rows), rule,
                                  [batch_seeds[i] for i in rows.tolist()],
                                  None if state is None else {k: v[rows] for k, v in state.items()},
-                                 None if broadcast is None else {k: v[rows] for k, v in broadcast.items()})
+                                 None if broadcast is None else {k: v[rows] for k, v in broadcast.items()},
+                                 out=trained[first:last])
 
         chunks = torch.arange(data.num_clients, device="cpu").split(per_chunk)
         # One-client chunks that train as modules (each on its own copy of the network) may run side by side
@@ -87,11 +92,11 @@ def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data
         as_modules = per_chunk == 1 and bool((data.counts > 0).all()) and trains_as_a_module(
             model, rule, data.select(chunks[0]), state, broadcast)
         parts = list(map_side_by_side(train_chunk, chunks, side_by_side_workers(data.device) if as_modules else 1))
-        return LocalResult(torch.cat([part.trained for part in parts]),
+        return LocalResult(trained,
                            {key: torch.cat([part.metrics[key] for part in parts]) for key in parts[0].metrics},
                            {key: torch.cat([part.state[key] for part in parts]) for key in parts[0].state})
     if trains_as_a_module(model, rule, data, state, broadcast):
-        return train_one_module(model, spec, start, data, rule, batch_seeds)
+        return written_to(train_one_module(model, spec, start, data, rule, batch_seeds), out)
     training, task = rule.setting.training, rule.setting.task
     steps, per_step = rule.total_steps, rule.batches_per_step
     batch_index = draw_batch_indices(data.counts, steps * per_step, training.batch_size, batch_seeds)
@@ -117,16 +122,26 @@ def train_clients(model: TargetModel, spec: ParamSpec, start: torch.Tensor, data
             last_loss = losses.detach()
     uploads = rule.uploads(tracks, local)
     trained, new_state = rule.finish(tracks, received, state)
-    trained_flat = spec.flatten({name: value.detach() for name, value in trained.items()}, batch_dims=1)
+    trained_flat = spec.flatten({name: value.detach() for name, value in trained.items()}, batch_dims=1,
+                                out=out if every_client_has_rows else None)
     if not every_client_has_rows:  # a client without rows trained nothing and keeps what it had
         keep = ~has_rows
         trained_flat = torch.where(keep.unsqueeze(1), start.detach(), trained_flat)
+        if out is not None:
+            trained_flat = out.copy_(trained_flat)
         new_state = {key: torch.where(keep.view(-1, *[1] * (value.ndim - 1)), state[key], value)
                      for key, value in new_state.items()}
     zero_if_no_data = has_rows.to(torch.float32)
     metrics = {"loss_first": first_loss * zero_if_no_data, "loss_last": last_loss * zero_if_no_data,
                "num_examples": data.counts.to(torch.float32), **{k: v.detach() for k, v in uploads.items()}}
     return LocalResult(trained_flat, metrics, {key: value.detach() for key, value in new_state.items()})
+
+
+def written_to(result: LocalResult, out: torch.Tensor | None) -> LocalResult:
+    """``result`` with its trained weights in ``out`` (when given)."""
+    if out is None:
+        return result
+    return LocalResult(out.copy_(result.trained), result.metrics, result.state)
 
 
 def trains_as_a_module(model: TargetModel, rule: ClientRule, data: ClientSplit,

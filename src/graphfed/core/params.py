@@ -63,13 +63,15 @@ class ParamSpec:
         params = dict(module.named_parameters())
         return torch.cat([params[t.name].detach().reshape(-1) for t in self.tensors])
 
-    def flatten(self, tensors: dict[str, torch.Tensor], batch_dims: int = 0) -> torch.Tensor:
-        """Inverse of :meth:`unflatten`: ``{name: [*batch, *shape]}`` -> ``[*batch, dim]``."""
+    def flatten(self, tensors: dict[str, torch.Tensor], batch_dims: int = 0,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+        """Inverse of :meth:`unflatten`: ``{name: [*batch, *shape]}`` -> ``[*batch, dim]`` (written into ``out``
+        when given)."""
         parts = []
         for t in self.tensors:
             value = tensors[t.name]
             parts.append(value.reshape(*value.shape[:batch_dims], t.numel))
-        return torch.cat(parts, dim=-1)
+        return torch.cat(parts, dim=-1) if out is None else torch.cat(parts, dim=-1, out=out)
 
     def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """``[*batch, dim]`` -> ``{name: [*batch, *shape]}`` as views (differentiable)."""

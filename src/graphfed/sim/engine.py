@@ -27,7 +27,7 @@ import torch
 
 from graphfed import runs
 from graphfed.client.evaluation import ClientScores, trivial_scores
-from graphfed.client.executor import ClientExecutor, TrainResult, check_update
+from graphfed.client.executor import ClientExecutor, TrainResult, all_finite, check_update
 from graphfed.client.metrics import HIGHER_IS_BETTER
 from graphfed.client.placement import deterministic_algorithms
 from graphfed.client.privacy import NOISE_LEVERS, PrivacyLedger, ServerGradientPrivacy
@@ -176,7 +176,9 @@ class Simulator:
             result, lost = self.arrivals.lose(result, round_index)
             tracker.lose(round_index + 1, [names[i] for i in lost], "dropout")
         check_update(result.delta, result.client_ids, spec.dim, round_index, names, self.privacy.mechanism)
-        started = sent[result.rows]
+        # what the arrived clients were sent (every client arrived, the usual case: sent itself, not a copy of it)
+        everyone = len(result.rows) == len(sent) and bool((result.rows == torch.arange(len(sent))).all())
+        started = sent if everyone else sent[result.rows]
         if len(self.participation.straggler_ids):
             started, result, lost, late = self.arrivals.stragglers(started, result, round_index)
             tracker.lose(round_index + 1, [names[i] for i in lost], "straggler")
@@ -218,7 +220,7 @@ class Simulator:
         method = self.setup.method
         sent = method.personalize(client_ids).detach()
         broadcast = {name: value.detach() for name, value in method.broadcast(client_ids).items()}
-        if not torch.isfinite(sent).all() or not all(torch.isfinite(v).all() for v in broadcast.values()):
+        if not all_finite(sent) or not all(all_finite(value) for value in broadcast.values()):
             advice = f"; under DP the noise is the likely cause: lower it with {NOISE_LEVERS}" * self.privacy.active
             raise NonFiniteUpdateError(f"{when}: the server produced non-finite weights{advice}")
         self.tracker.bytes_down += self.traffic.down(client_ids, broadcast)
