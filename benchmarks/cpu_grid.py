@@ -328,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
                   "machine": machine_info(), "cells": cells,
                   "cells_below_1x": [f"{c['model']} {c['clients']}x{c['steps']} b{c['batch']}: {c['ratio']}x"
                                      for c in cells if c["ratio"] < 1.0], "code": code_provenance()}
+        if args.out.exists():  # keep what pfllib_side_by_side.py wrote there
+            kept = json.loads(args.out.read_text()).get("pfllib")
+            result.update({"pfllib": kept} if kept else {})
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"{len(cells)} cells, {len(result['cells_below_1x'])} below 1.0x -> {args.out}")

@@ -247,6 +247,26 @@ def test_check_update_rejects_wrong_shapes() -> None:
             check_update(bad, ids, 10, 4)
 
 
+def test_all_finite_decides_by_one_sum_and_never_misses_a_bad_value() -> None:
+    """A NaN, +Inf, -Inf, or +Inf and -Inf together make the sum non-finite; finite values whose sum overflows
+    (3e38 + 3e38) are still all finite: the exact check decides them."""
+    from graphfed.client.executor import all_finite
+
+    assert all_finite(torch.zeros(4, 6)) and all_finite(torch.zeros(0, 6)) and all_finite(torch.arange(5))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        values = torch.zeros(3, 5)
+        values[2, 4] = bad
+        assert not all_finite(values), bad
+    both = torch.zeros(8)
+    both[1], both[6] = float("inf"), -float("inf")
+    assert not all_finite(both)
+    assert all_finite(torch.tensor([3e38, 3e38, 1.0]))  # its sum overflows; every value is finite
+    overflowing = torch.tensor([3e38, 3e38, float("nan")])
+    assert not all_finite(overflowing)
+    # a client whose update is finite but huge is not rejected
+    check_update(torch.full((2, 3), 3e38), torch.tensor([0, 1]), 3, 0)
+
+
 def test_check_update_names_every_non_finite_client() -> None:
     """NaN and Inf rows raise NonFiniteUpdateError listing exactly those clients, by name when names are known."""
     ids = torch.tensor([2, 5, 7, 9])
