@@ -349,7 +349,9 @@ def test_deployment_superlink_and_three_supernodes_run_fedavg(deployment: Deploy
     summary = read_summary(results, deployment.procs)
     assert summary["status"] == "completed", deployment.procs.tails()
     assert summary["rounds"] == 2 and summary["num_clients"] == NUM_NODES
-    assert summary["dropped_clients"] == [], summary["dropped_clients"]
+    # no update lost: the only drops are client 2's evaluations in the pause, which did not wait for it
+    dropped = summary["dropped_clients"]
+    assert all(d["client"] == 2 and "silent" in d["reason"] for d in dropped), dropped
     assert summary["test_mean"] is not None
     assert "3 of 3 clients have a node" in output, deployment.procs.tails()
 
@@ -399,16 +401,17 @@ def test_deployment_run_survives_a_killed_supernode(deployment: Deployment) -> N
 
 @pytest.mark.slow
 def test_deployment_fedbuff_keeps_the_other_nodes_training_while_one_is_stopped(deployment: Deployment) -> None:
-    """FedBuff on 3 SuperNodes (3 training at once, a server step per update, evaluation every 8 steps). Once step
+    """FedBuff on 3 SuperNodes (3 training at once, a server step per update, 40 steps, evaluation every 8). Once step
     8 is evaluated, client 2's SuperNode is SIGSTOPped for 30 s (the 60 s of ``benchmarks/flower_faults.py``'s
     ``node_paused_fedbuff``, shortened for the suite). The server does not wait for it: the other two nodes take
     training all through the pause while client 2 takes none; after SIGCONT it answers the message it held (a stale
-    update, weighed down by its staleness) and trains again. Nothing is lost: the run completes with no drop and
-    every step logged once, and ``graphfed status`` says who was sent how much. (A node silent for longer than
-    ``flower.round_timeout`` is dropped and probed: ``tests/test_flower_async.py``.)"""
+    update, weighed down by its staleness) and trains again. Nothing is lost: the run completes, every step logged
+    once, the only drops client 2's evaluations in the pause (not waited for), and ``graphfed status`` says who was
+    sent how much. (A node silent for longer than ``flower.round_timeout`` is dropped and probed:
+    ``tests/test_flower_async.py``.)"""
     deployment.ensure_supernodes()
     procs = deployment.procs
-    app, results = write_app(procs.workdir, "fedbuff", "fedavg", "train.rounds=16", "train.server_mode=fedbuff",
+    app, results = write_app(procs.workdir, "fedbuff", "fedavg", "train.rounds=40", "train.server_mode=fedbuff",
                              "train.buffer_size=1", "train.concurrency=3", eval_every=8, cli=False)
     run = procs.start("flwr-run-fedbuff", [str(VENV_BIN / "flwr"), "run", str(app), "dep", "--stream"],
                       deployment.cli_env())
@@ -432,16 +435,18 @@ def test_deployment_fedbuff_keeps_the_other_nodes_training_while_one_is_stopped(
 
     summary = read_summary(results, procs)
     assert summary["status"] == "completed", procs.tails()
-    assert [r["round"] for r in read_rounds(results)] == [8, 16]
+    assert [r["round"] for r in read_rounds(results)] == [8, 16, 24, 32, 40]
     for client in ("0", "1"):  # the others took training all through the pause
         assert during[client] - before[client] >= 2, (before, during)
     assert during["2"] == before["2"], (before, during)  # stopped: it took nothing
     assert trains_received()["2"] > during["2"]  # back: it trained again
-    assert summary["dropped_clients"] == [], summary["dropped_clients"]
+    # no update lost: the only drops are client 2's evaluations in the pause, which did not wait for it
+    dropped = summary["dropped_clients"]
+    assert all(d["client"] == 2 and "silent" in d["reason"] for d in dropped), dropped
     assert set(summary["trainings_sent"]) == {"0", "1", "2"}
     told = subprocess.run([str(VENV_BIN / "graphfed"), "status", str(results)], capture_output=True, text=True,
                           timeout=60)
-    assert told.returncode == 0 and "fedbuff: 16 server steps" in told.stdout, told.stdout
+    assert told.returncode == 0 and "fedbuff: 40 server steps" in told.stdout, told.stdout
 
 
 @pytest.mark.slow
