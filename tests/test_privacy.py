@@ -606,6 +606,8 @@ SECAGG_REFUSED = {
                "needs the individual updates"),
     "sampled": (["train.clients_per_round=2"], "flower.secure_aggregation: fedavg: needs every client in every round"),
     "pfedgat": (["method.name=pfedgat"], "flower.secure_aggregation: pfedgat: its server computes"),
+    "fedbuff": (["train.server_mode=fedbuff"], "flower.secure_aggregation: fedavg: SecAgg+ masks one cohort's updates "
+                "together in each round"),
 }
 
 

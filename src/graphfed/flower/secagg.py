@@ -95,6 +95,9 @@ def secure_aggregation_refusal(config: RunConfig, setup: Setup) -> str | None:
                 f"legacy workflow cannot tell which node is which client when it samples")
     if config.privacy.mechanism == "central":
         return f"{prefix}: central DP clips individual updates on the server, which SecAgg+ hides; use local"
+    if config.train.server_mode != "sync":
+        return (f"{prefix}: SecAgg+ masks one cohort's updates together in each round; train.server_mode="
+                f"{config.train.server_mode} steps on updates as they arrive: use train.server_mode=sync")
     return None
 
 
