@@ -169,7 +169,7 @@ def test_an_update_is_as_stale_as_the_steps_since_its_client_was_sent_work() -> 
                           privacy=SimpleNamespace(mechanism="none"))
     metrics = {name: torch.ones(1) for name in ("loss_first", "loss_last", "num_examples")}
     arrived = TrainResult(torch.tensor([0]), torch.tensor([4]), torch.ones(1, 2), metrics)
-    server.take(Collected(arrived, [], [], []), sim)  # type: ignore[arg-type]
+    server.take(Collected(arrived, [], [], [], {4: 1}), sim)  # type: ignore[arg-type]
     assert [(d.client, d.version) for d in server.arrived] == [(4, 3)] and server.sent_to == {}
 
 
@@ -193,3 +193,14 @@ def test_an_evaluation_does_not_wait_the_timeout_for_a_stopped_node(tmp_path: Pa
     assert len(missed) == 4 and "silent for over 3x the nodes' median" in missed[0]["reason"], missed
     assert all("not answered since it went silent" in d["reason"] for d in missed[1:]), missed
     assert [record["scored_clients"] for record in RoundLog(tmp_path / "run").read()] == [5, 5, 5, 5]
+
+
+def test_an_executor_that_trains_when_asked_refuses_to_submit() -> None:
+    """Only a SubmittingExecutor (Flower's) starts training without waiting; the simulator's clients say so."""
+    from graphfed.sim.engine import Simulator
+    from graphfed.sim.requests import Collect, serve
+
+    simulator = Simulator(flower_config("fedavg", *ASYNC), None, progress=False)
+    with pytest.raises(TypeError, match="trains when asked: it cannot collect"):
+        serve(simulator.executor, Collect(wait=0.0))
+    assert type(simulator.async_server).__name__ == "AsyncServer"  # its clock, not the wall's

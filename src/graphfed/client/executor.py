@@ -83,8 +83,10 @@ class Collected:
 
     arrived: TrainResult  #: the updates that arrived, in arrival order (``rows`` unused)
     lost: list[int]  #: clients whose training ended without a usable update (error, timeout, rejected reply)
-    idle: list[int]  #: clients free for new work now, those whose node answered last first (see the executor)
-    unanswered: list[int]  #: idle clients whose node's last work timed out (sent work only when no other is idle)
+    idle: list[int]  #: clients free for new work now whose node answered its last work
+    unanswered: list[int]  #: clients free for new work now whose node went silent (work timed out, or an evaluation
+    #: gave up on it) and has not answered since
+    sent: dict[int, int]  #: training messages each client's node was sent so far in this run
 
 
 class ClientExecutor(ABC):
@@ -104,15 +106,6 @@ class ClientExecutor(ABC):
         """Scores on each client's val and test split of what the client evaluates, given the ``weights`` the
         server sends it (its client rule may replace them by its own state or fine-tune them first)."""
 
-    def submit(self, client_ids: torch.Tensor, start: torch.Tensor, round_index: int,
-               broadcast: dict[str, torch.Tensor] | None = None) -> None:
-        """Start local training without waiting for it (clients that answer in their own time)."""
-        raise NotImplementedError(f"{type(self).__name__} trains when asked (train), it has no clients of their own")
-
-    def collect(self, wait: float) -> Collected:
-        """The submitted training that ended since the last look, waiting up to ``wait`` s for some to end."""
-        raise NotImplementedError(f"{type(self).__name__} trains when asked (train), it has no clients of their own")
-
     def state_dict(self) -> dict[str, Any]:
         """Client state the server side must checkpoint (none where clients keep it themselves)."""
         return {}
@@ -124,6 +117,21 @@ class ClientExecutor(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state:
             raise ValueError("this executor keeps no client state; the checkpoint holds some")
+
+
+class SubmittingExecutor(ClientExecutor):
+    """An executor whose clients answer in their own time (Flower nodes): besides ``train``, it can start training
+    without waiting (:meth:`submit`) and hand over what ended (:meth:`collect`). An asynchronous server over it
+    steps on updates in the order they arrive (:class:`graphfed.sim.asynchronous.LiveAsyncServer`)."""
+
+    @abstractmethod
+    def submit(self, client_ids: torch.Tensor, start: torch.Tensor, round_index: int,
+               broadcast: dict[str, torch.Tensor] | None = None) -> None:
+        """Start local training of ``client_ids`` from ``start [S, dim]`` and return at once."""
+
+    @abstractmethod
+    def collect(self, wait: float) -> Collected:
+        """The submitted training that ended since the last look, waiting up to ``wait`` s for some to end."""
 
 
 class ClientStreams:

@@ -37,7 +37,7 @@ from flwr.serverapp import Grid
 
 from graphfed.client.contract import LocalTraining
 from graphfed.client.evaluation import ClientScores
-from graphfed.client.executor import ClientExecutor, Collected, TrainResult
+from graphfed.client.executor import Collected, SubmittingExecutor, TrainResult
 from graphfed.config import ConfigError, RunConfig
 from graphfed.errors import RunStoppedError
 from graphfed.flower import protocol
@@ -47,7 +47,7 @@ from graphfed.setup import Setup
 log = logging.getLogger("graphfed.flower")
 
 
-class FlowerExecutor(ClientExecutor):
+class FlowerExecutor(SubmittingExecutor):
     remote = True  # clients keep their state on their nodes
     def __init__(self, grid: Grid, config: RunConfig, setup: Setup) -> None:
         refusal = protocol.deployment_refusal(config)
@@ -395,7 +395,7 @@ class FlowerExecutor(ClientExecutor):
         ids = torch.tensor([client for client, _ in arrived], dtype=torch.long)
         result = self._result(ids, list(range(len(arrived))), [update for _, update in arrived])
         return Collected(result, lost, [c for c in free if c not in self.unanswered],
-                         [c for c in free if c in self.unanswered])
+                         [c for c in free if c in self.unanswered], dict(self.trainings_sent))
 
     def _serving(self) -> int:
         """The round (server step, 0-based) being served: an asynchronous drop counts in the step it was seen in."""

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -234,7 +233,7 @@ class LiveAsyncServer(AsyncServer):
         self.unanswered: list[int] = []  #: idle clients whose last work timed out
         self.silent: dict[int, int] = {}  #: client whose work ended without an update -> the server step it was in
         self.probes: set[int] = set()  #: clients in flight whose last work had timed out (beyond concurrency)
-        self.sent_count: Counter[int] = Counter()  #: training sent to each client in this attempt of the run
+        self.sent: dict[int, int] = {}  #: training messages each client's node was sent, as the executor counts
 
     def round_steps(self, sim: Simulator) -> Steps[dict[str, float | None]]:
         sim.tracker.sim_seconds = None  # updates arrive on the wall clock (rounds.jsonl: wall_seconds)
@@ -248,8 +247,9 @@ class LiveAsyncServer(AsyncServer):
                     yield from self.fill(sim)
                 names = sim.setup.federation.client_names
                 # whose node has not answered since its work was lost (graphfed status), and the work each was sent
+                # (as of the step's last look at the nodes)
                 return {**stats, "silent_clients": {names[c]: step for c, step in sorted(self.silent.items())},
-                        "trainings_sent": {names[c]: n for c, n in sorted(self.sent_count.items())}}
+                        "trainings_sent": {names[c]: n for c, n in sorted(self.sent.items())}}
             collected: Collected = yield Collect(wait=1.0)
             self.take(collected, sim)
             yield from self.fill(sim)
@@ -281,7 +281,7 @@ class LiveAsyncServer(AsyncServer):
             self.sent_to.pop(client, None)
             self.probes.discard(client)
             self.silent.setdefault(client, self.version + 1)
-        self.idle, self.unanswered = collected.idle, collected.unanswered
+        self.idle, self.unanswered, self.sent = collected.idle, collected.unanswered, collected.sent
 
     def fill(self, sim: Simulator) -> Steps[None]:
         """Submit training to idle answering clients until ``concurrency`` of them are training, and to each idle
@@ -307,7 +307,6 @@ class LiveAsyncServer(AsyncServer):
         self.probes |= set(probes)
         for row, client in enumerate(client_ids.tolist()):
             self.sent_to[client] = (self.version, sent[row].clone())
-            self.sent_count[client] += 1
 
     def record(self) -> dict[str, Any]:
         return {**super().record(), "arrivals": "wall clock (Flower nodes)"}

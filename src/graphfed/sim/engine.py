@@ -27,7 +27,7 @@ import torch
 
 from graphfed import runs
 from graphfed.client.evaluation import ClientScores, trivial_scores
-from graphfed.client.executor import ClientExecutor, TrainResult, all_finite, check_update
+from graphfed.client.executor import ClientExecutor, SubmittingExecutor, TrainResult, all_finite, check_update
 from graphfed.client.metrics import HIGHER_IS_BETTER
 from graphfed.client.placement import deterministic_algorithms
 from graphfed.client.privacy import NOISE_LEVERS, PrivacyLedger, ServerGradientPrivacy
@@ -124,7 +124,8 @@ class Simulator:
         self.sim_clock = SimulatedClock(config.train.clock, fed.num_clients, config.train.local_steps, config.seed)
         check_asynchronous(config, self)
         #: FedBuff / FedAsync's in-flight work and buffer (None: synchronous rounds)
-        server = LiveAsyncServer if self.on_flower else AsyncServer  # Flower nodes answer in their own time
+        # clients that answer in their own time (Flower nodes) arrive on the wall clock, others on the simulated one
+        server = LiveAsyncServer if isinstance(self.executor, SubmittingExecutor) else AsyncServer
         self.async_server = (server(config, self.sim_clock, fed.train_client_ids, self.clients_per_round)
                              if config.train.server_mode != "sync" else None)
         self.stopped_at_time: int | None = None  # the round at which train.time_budget ended the run

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from graphfed.client.executor import ClientExecutor
+from graphfed.client.executor import ClientExecutor, SubmittingExecutor
 
 __all__ = ["Collect", "Evaluate", "Request", "Steps", "Submit", "Train", "drive", "serve"]
 
@@ -65,9 +65,11 @@ def serve(executor: ClientExecutor, request: Request) -> Any:
     if isinstance(request, Train):
         return executor.train(request.client_ids, request.start, request.round_index, request.purpose,
                               request.steps, request.broadcast)
-    if isinstance(request, Submit):
-        return executor.submit(request.client_ids, request.start, request.round_index, request.broadcast)
-    if isinstance(request, Collect):
+    if isinstance(request, Submit | Collect):
+        if not isinstance(executor, SubmittingExecutor):  # only an asynchronous server over such clients asks
+            raise TypeError(f"{type(executor).__name__} trains when asked: it cannot {type(request).__name__.lower()}")
+        if isinstance(request, Submit):
+            return executor.submit(request.client_ids, request.start, request.round_index, request.broadcast)
         return executor.collect(request.wait)
     return executor.evaluate(request.client_ids, request.weights, request.round_index)
 
